@@ -1,0 +1,156 @@
+/* kolo: collective communication for data-parallel training, without MPI.
+ *
+ * A worker process calls kolo_init(), which reads the KOLO_* environment (set
+ * by kolorun or by a pod spec), joins the rendezvous server, waits for its
+ * assignment and connects the data plane. Collectives are then called on the
+ * returned comm. Every function returns a kolo_status_t; KOLO_OK is 0 and the
+ * detail of a failure is in kolo_last_error(comm).
+ *
+ * Threading: a comm may be used by one thread at a time for collectives;
+ * kolo_rank() and friends are safe from any thread. */
+#ifndef KOLO_KOLO_H
+#define KOLO_KOLO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KOLO_BUILDING) && defined(__GNUC__)
+#define KOLO_API __attribute__((visibility("default")))
+#else
+#define KOLO_API
+#endif
+
+#define KOLO_VERSION_MAJOR 0
+#define KOLO_VERSION_MINOR 1
+#define KOLO_VERSION_PATCH 0
+#define KOLO_VERSION_STRING "0.1.0"
+
+/* Status codes: few on purpose; the detail goes into kolo_last_error(). */
+#define KOLO_STATUS_MAP(X)                                                        \
+	X(OK, 0, "success")                                                       \
+	X(EINVAL, 1, "invalid argument")                                          \
+	X(ETIMEDOUT, 2, "timed out")                                              \
+	X(EPEER, 3, "a peer failed")                                              \
+	X(EMEMBERSHIP, 4, "membership changed; re-form the comm")                 \
+	X(ENOMEM, 5, "out of memory")                                             \
+	X(ESYSTEM, 6, "system call failed")                                       \
+	X(EPROTO, 7, "protocol error")                                            \
+	X(EAUTH, 8, "authentication failed")                                      \
+	X(ENOTFOUND, 9, "not found")                                              \
+	X(ERENDEZVOUS, 10, "rendezvous server unreachable or refused the request") \
+	X(ECLOSED, 11, "closed")                                                  \
+	X(EMISMATCH, 12, "ranks disagree about an operation")                     \
+	X(ESHUTDOWN, 13, "shut down")                                             \
+	X(EUNSUPPORTED, 14, "not supported")
+
+typedef enum kolo_status {
+#define KOLO_STATUS_ENUM_(name, value, text) KOLO_##name = value,
+	KOLO_STATUS_MAP(KOLO_STATUS_ENUM_)
+#undef KOLO_STATUS_ENUM_
+} kolo_status_t;
+
+/* A fixed description of a status code ("timed out"). Never NULL. */
+KOLO_API const char *kolo_strerror(kolo_status_t status);
+/* The code's name ("KOLO_ETIMEDOUT"). Never NULL. */
+KOLO_API const char *kolo_status_name(kolo_status_t status);
+
+typedef enum kolo_dtype {
+	KOLO_INT8 = 0,
+	KOLO_UINT8 = 1,
+	KOLO_INT32 = 2,
+	KOLO_INT64 = 3,
+	KOLO_FLOAT16 = 4,
+	KOLO_BFLOAT16 = 5,
+	KOLO_FLOAT32 = 6,
+	KOLO_FLOAT64 = 7,
+	KOLO_DTYPE_COUNT
+} kolo_dtype_t;
+
+typedef enum kolo_op {
+	KOLO_SUM = 0,
+	KOLO_AVERAGE = 1,
+	KOLO_MIN = 2,
+	KOLO_MAX = 3,
+	KOLO_PRODUCT = 4,
+	KOLO_OP_COUNT
+} kolo_op_t;
+
+/* Size of one element in bytes; 0 for an invalid dtype. */
+KOLO_API size_t kolo_dtype_size(kolo_dtype_t dtype);
+/* "float32", "bfloat16", ...; "invalid" for an invalid dtype. */
+KOLO_API const char *kolo_dtype_name(kolo_dtype_t dtype);
+/* Parses a dtype name; returns KOLO_EINVAL for an unknown name. */
+KOLO_API kolo_status_t kolo_dtype_parse(const char *name, kolo_dtype_t *out);
+/* "sum", "average", ...; "invalid" for an invalid op. */
+KOLO_API const char *kolo_op_name(kolo_op_t op);
+KOLO_API kolo_status_t kolo_op_parse(const char *name, kolo_op_t *out);
+
+typedef struct kolo_comm kolo_comm_t;
+
+/* Joins the job described by the environment (KOLO_RENDEZVOUS, KOLO_JOB,
+ * KOLO_TOKEN, ...; see `kolo-info --params`), waits for an assignment and
+ * connects to the peers. Blocks up to KOLO_INIT_TIMEOUT_MS. On failure *comm
+ * is NULL and the reason is logged and available from kolo_init_error(). */
+KOLO_API kolo_status_t kolo_init(kolo_comm_t **comm);
+/* The message of the last failed kolo_init() in this thread. */
+KOLO_API const char *kolo_init_error(void);
+/* Leaves the job gracefully and frees the comm. Accepts NULL. */
+KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm);
+
+KOLO_API int kolo_rank(const kolo_comm_t *comm);
+KOLO_API int kolo_size(const kolo_comm_t *comm);
+KOLO_API int kolo_local_rank(const kolo_comm_t *comm);
+KOLO_API int kolo_local_size(const kolo_comm_t *comm);
+KOLO_API int kolo_cross_rank(const kolo_comm_t *comm);
+KOLO_API int kolo_cross_size(const kolo_comm_t *comm);
+/* The membership round this comm was formed in (1 for the first). */
+KOLO_API int64_t kolo_round(const kolo_comm_t *comm);
+/* The message of the last failed call on this comm; "" when none. */
+KOLO_API const char *kolo_last_error(const kolo_comm_t *comm);
+
+/* Blocking collectives. Every rank must call the same collective with the
+ * same count, dtype, op and root. sendbuf == recvbuf means in place. Results
+ * are bitwise identical on every rank. */
+
+/* recvbuf = op over ranks of (prescale * sendbuf), then times postscale.
+ * AVERAGE is SUM with postscale / size. */
+KOLO_API kolo_status_t kolo_allreduce(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, kolo_dtype_t dtype, kolo_op_t op);
+KOLO_API kolo_status_t kolo_allreduce_scaled(kolo_comm_t *comm, const void *sendbuf,
+                                             void *recvbuf, size_t count, kolo_dtype_t dtype,
+                                             kolo_op_t op, double prescale, double postscale);
+/* recvbuf holds size * count elements: rank r's block at r * count. */
+KOLO_API kolo_status_t kolo_allgather(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                      size_t count, kolo_dtype_t dtype);
+/* Rank r contributes recvcounts[r] elements; recvbuf holds their sum, in rank
+ * order. sendcount must equal recvcounts[rank]. */
+KOLO_API kolo_status_t kolo_allgatherv(kolo_comm_t *comm, const void *sendbuf, size_t sendcount,
+                                       void *recvbuf, const size_t *recvcounts,
+                                       kolo_dtype_t dtype);
+KOLO_API kolo_status_t kolo_broadcast(kolo_comm_t *comm, void *buf, size_t count,
+                                      kolo_dtype_t dtype, int root);
+/* sendbuf holds `count` elements, split over the ranks in rank order with
+ * kolo_reducescatter_count() elements each (the first count % size ranks get
+ * one more). recvbuf receives this rank's reduced block. */
+KOLO_API kolo_status_t kolo_reducescatter(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                          size_t count, kolo_dtype_t dtype, kolo_op_t op);
+KOLO_API size_t kolo_reducescatter_count(size_t count, int size, int rank);
+/* sendbuf holds size blocks of count elements; block j goes to rank j, and
+ * recvbuf's block i comes from rank i. */
+KOLO_API kolo_status_t kolo_alltoall(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                     size_t count, kolo_dtype_t dtype);
+/* As alltoall with sendcounts[j] elements to rank j and recvcounts[i] from
+ * rank i, blocks packed contiguously in rank order. */
+KOLO_API kolo_status_t kolo_alltoallv(kolo_comm_t *comm, const void *sendbuf,
+                                      const size_t *sendcounts, void *recvbuf,
+                                      const size_t *recvcounts, kolo_dtype_t dtype);
+KOLO_API kolo_status_t kolo_barrier(kolo_comm_t *comm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KOLO_KOLO_H */

@@ -1,0 +1,125 @@
+/* rendezvous: the control plane. The server (embeddable, and the
+ * kolo-rendezvous binary) decides membership rounds and serves a KV store;
+ * the client (libcurl) is what a worker uses to join, learn its assignment,
+ * heartbeat, leave, report failures and exchange data-plane addresses.
+ * The HTTP contract is docs/rendezvous.md. */
+#ifndef KOLO_RENDEZVOUS_H
+#define KOLO_RENDEZVOUS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
+
+#define KOLO_RDZV_DEFAULT_PORT 29470
+#define KOLO_RDZV_MAX_BODY (1024 * 1024)
+#define KOLO_RDZV_ID_MAX 128   /* job ids, worker ids, KV keys */
+#define KOLO_RDZV_HOST_MAX 256 /* host names */
+
+/* ---- rank assignment (pure; unit-tested) ------------------------------ */
+
+/* One member of a round, in join order of its host then of itself. */
+struct kolo_rdzv_member {
+	int rank;
+	char worker_id[KOLO_RDZV_ID_MAX];
+	char host[KOLO_RDZV_HOST_MAX];
+};
+
+struct kolo_rdzv_assignment {
+	int64_t round;
+	int rank, size;
+	int local_rank, local_size;
+	int cross_rank, cross_size;
+	int n_members;
+	struct kolo_rdzv_member *members; /* n_members, by rank; owned */
+};
+
+/* Given workers in the order they should be ranked (oldest first), computes
+ * ranks contiguous per host (hosts ordered by their first worker), and for
+ * worker `index` its local and cross ranks as Horovod does. members[] is
+ * written in rank order; out->members is NOT set. */
+void kolo_rdzv_assign(const char *const *hosts, int n, int index,
+                      struct kolo_rdzv_assignment *out, int *rank_of_index);
+void kolo_rdzv_assignment_fini(struct kolo_rdzv_assignment *a);
+
+/* ---- server ----------------------------------------------------------- */
+
+struct kolo_rdzv_server_config {
+	const char *listen;   /* "HOST:PORT"; port 0 picks a free one */
+	const char *token;    /* "" or NULL: no authentication */
+	int min_np;           /* defaults for jobs never configured */
+	int max_np;           /* 0: no limit */
+	int settle_ms;
+	int lease_ms;
+	bool log_json;
+};
+
+struct kolo_rdzv_server;
+
+/* Binds and starts serving in background threads. */
+kolo_status_t kolo_rdzv_server_start(const struct kolo_rdzv_server_config *cfg,
+                                     struct kolo_rdzv_server **out, struct kolo_errbuf *eb);
+/* The port actually bound. */
+int kolo_rdzv_server_port(const struct kolo_rdzv_server *s);
+/* Stops accepting, finishes in-flight requests (long polls answer 503),
+ * joins the threads and frees. Accepts NULL. */
+void kolo_rdzv_server_stop(struct kolo_rdzv_server *s);
+
+/* ---- client ----------------------------------------------------------- */
+
+struct kolo_rdzv_client_config {
+	const char *url;   /* "http://host:port" */
+	const char *job;
+	const char *token; /* "" or NULL: none */
+	const char *host;  /* this worker's host name */
+	int deadline_ms;   /* retry budget for an unreachable server */
+};
+
+struct kolo_rdzv_client;
+
+/* What the background heartbeat has learnt. */
+struct kolo_rdzv_hb_state {
+	int64_t round;       /* the server's current round */
+	bool pending_change; /* a join or leave waits for the next commit */
+	bool evicted;        /* the server evicted this worker */
+	kolo_status_t last;  /* status of the last heartbeat */
+};
+
+kolo_status_t kolo_rdzv_client_create(const struct kolo_rdzv_client_config *cfg,
+                                      struct kolo_rdzv_client **out, struct kolo_errbuf *eb);
+/* Stops the heartbeat and frees. Does not leave. Accepts NULL. */
+void kolo_rdzv_client_destroy(struct kolo_rdzv_client *c);
+/* The detail of the last failure. */
+const char *kolo_rdzv_client_error(const struct kolo_rdzv_client *c);
+/* POST /workers. Retries with backoff and jitter until the deadline. */
+kolo_status_t kolo_rdzv_join(struct kolo_rdzv_client *c);
+const char *kolo_rdzv_worker_id(const struct kolo_rdzv_client *c);
+int kolo_rdzv_lease_ms(const struct kolo_rdzv_client *c);
+/* Long-polls until a round newer than after_round that includes this worker
+ * exists (KOLO_OK), timeout_ms passes (KOLO_ETIMEDOUT) or the worker was
+ * evicted (KOLO_EMEMBERSHIP). Re-registers after a server restart. */
+kolo_status_t kolo_rdzv_wait_assignment(struct kolo_rdzv_client *c, int64_t after_round,
+                                        int timeout_ms, struct kolo_rdzv_assignment *out);
+/* Starts / stops a background thread that heartbeats every period_ms (0: a
+ * third of the lease), re-registering with the current round and rank after a
+ * server restart. */
+kolo_status_t kolo_rdzv_heartbeat_start(struct kolo_rdzv_client *c, int period_ms);
+void kolo_rdzv_heartbeat_stop(struct kolo_rdzv_client *c);
+/* Thread-safe snapshot of what the heartbeat has learnt. */
+void kolo_rdzv_heartbeat_state(struct kolo_rdzv_client *c, struct kolo_rdzv_hb_state *out);
+/* Tells the client which round and rank it holds, for re-registration. */
+void kolo_rdzv_set_membership(struct kolo_rdzv_client *c, int64_t round, int rank);
+/* DELETE /workers/{id}. */
+kolo_status_t kolo_rdzv_leave(struct kolo_rdzv_client *c);
+/* POST /failures. */
+kolo_status_t kolo_rdzv_report_failure(struct kolo_rdzv_client *c, int64_t round, int rank);
+/* PUT /kv/{key}; len ≤ KOLO_RDZV_MAX_BODY. */
+kolo_status_t kolo_rdzv_kv_put(struct kolo_rdzv_client *c, const char *key, const void *data,
+                               size_t len);
+/* GET /kv/{key}, waiting up to timeout_ms for it to appear (KOLO_ENOTFOUND
+ * after that). *data is malloc'd; the caller frees it. */
+kolo_status_t kolo_rdzv_kv_get(struct kolo_rdzv_client *c, const char *key, int timeout_ms,
+                               void **data, size_t *len);
+
+#endif /* KOLO_RENDEZVOUS_H */
