@@ -108,6 +108,11 @@ struct kolo_transport_ops {
 	void (*close)(struct kolo_conn *c);
 	/* Closes all conns and the listener and frees the endpoint. Accepts NULL. */
 	void (*destroy)(struct kolo_transport *t);
+	/* Optional (may be NULL): an fd that polls readable whenever wait() might
+	 * return without blocking, so that one thread can block on several
+	 * transports at once (the runtime combines shared memory inside a host
+	 * with TCP between hosts). The fd stays owned by the transport. */
+	int (*poll_fd)(struct kolo_transport *t);
 };
 
 static inline kolo_status_t kolo_isend(struct kolo_conn *c, const void *buf, size_t len,
