@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
 done
 
 packages=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev
-	libcurl4-openssl-dev libssl-dev check curl iproute2 python3)
+	libcurl4-openssl-dev libssl-dev check curl iproute2 python3 python3-yaml)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

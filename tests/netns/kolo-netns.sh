@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# kolo-netns.sh: test hosts made of Linux network namespaces.
+#
+#   kolo-netns.sh up N [--rate MBIT] [--prefix NAME]   create hosts h0..h(N-1)
+#   kolo-netns.sh exec I CMD [ARGS...]                  run CMD on host I ("br": the bridge)
+#   kolo-netns.sh addr I                                print host I's address ("br" too)
+#   kolo-netns.sh link I up|down                        connect / cut host I's link
+#   kolo-netns.sh list                                  print the hosts and their addresses
+#   kolo-netns.sh down [--prefix NAME]                  remove everything (idempotent)
+#
+# A global `--prefix NAME` may also come first: kolo-netns.sh --prefix t1 exec 0 hostname.
+# Layout: namespace PREFIX-br holds a bridge "br0"; each host is a namespace PREFIX-hI with
+# loopback up and one interface "eth0", a veth whose other end ("vhI") is a port of br0. Hosts
+# get 10.77.0.(I+1)/24 and the bridge 10.77.0.254/24 (a place for a rendezvous server that is
+# on no host). The /24 exists only inside these namespaces: no default route, nothing in the
+# root namespace gets an interface, an address or a route, and no other address is touched.
+# Every veth is created directly inside its namespace, so names never clash with the root's.
+#
+# --rate MBIT shapes each host's link in both directions with tc tbf: the host-side eth0
+# egress (host -> bridge) and the bridge-side vhI egress (bridge -> host).
+#
+# Host names: `exec I` runs CMD in a new UTS namespace whose host name is "hI" (so
+# gethostname() answers hI) and with KOLO_HOSTNAME=hI in its environment, so the rendezvous
+# computes local and cross ranks as it would on real machines.
+#
+# The prefix (default "kolo", or $KOLO_NETNS_PREFIX) names the namespaces, so several sets can
+# coexist (tests use a unique prefix). Needs root, iproute2 and util-linux's unshare.
+set -euo pipefail
+
+prog=${0##*/}
+prefix=${KOLO_NETNS_PREFIX:-kolo}
+subnet=10.77.0
+
+die() {
+	echo "$prog: $*" >&2
+	exit 1
+}
+
+usage() {
+	sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+	exit 2
+}
+
+valid_prefix() {
+	[[ $1 =~ ^[A-Za-z0-9][A-Za-z0-9_.-]{0,30}$ ]] || die "bad prefix '$1'"
+}
+
+ns_of() { # ns_of I|br -> namespace name
+	if [ "$1" = br ]; then
+		echo "$prefix-br"
+	elif [[ $1 =~ ^[0-9]+$ ]]; then
+		echo "$prefix-h$1"
+	else
+		die "bad host '$1' (a number or br)"
+	fi
+}
+
+addr_of() { # addr_of I|br -> address
+	if [ "$1" = br ]; then
+		echo "$subnet.254"
+	else
+		echo "$subnet.$(($1 + 1))"
+	fi
+}
+
+ns_exists() {
+	[ -e "/run/netns/$1" ]
+}
+
+# Our namespaces, bridge last so hosts go first on teardown.
+our_namespaces() {
+	local all
+	all=$(ip netns list 2>/dev/null | awk '{print $1}')
+	awk -v p="$prefix-h" 'index($0, p) == 1 && substr($0, length(p) + 1) ~ /^[0-9]+$/' \
+		<<<"$all" | sort -V
+	awk -v b="$prefix-br" '$0 == b' <<<"$all"
+}
+
+cmd_down() {
+	local ns pid pids tries
+	# A namespace lives on while a process is inside it: stop what `exec` started there.
+	for ns in $(our_namespaces); do
+		for pid in $(ip netns pids "$ns" 2>/dev/null || true); do
+			kill -TERM "$pid" 2>/dev/null || true
+		done
+	done
+	for ((tries = 0; tries < 20; tries++)); do
+		pids=$(for ns in $(our_namespaces); do ip netns pids "$ns" 2>/dev/null || true; done)
+		[ -z "$pids" ] && break
+		if [ "$tries" -eq 10 ]; then
+			for pid in $pids; do
+				kill -KILL "$pid" 2>/dev/null || true
+			done
+		fi
+		sleep 0.1 # waiting for the kernel to reap; bounded by the loop
+	done
+	for ns in $(our_namespaces); do
+		ip netns del "$ns" 2>/dev/null || true
+	done
+	# Anything left (a race with a concurrent exec that pinned a namespace) is reported.
+	if [ -n "$(our_namespaces)" ]; then
+		die "could not remove: $(our_namespaces | tr '\n' ' ')"
+	fi
+}
+
+shape() { # shape NS DEV MBIT
+	local ns=$1 dev=$2 mbit=$3
+	# tbf needs a bucket of at least rate/HZ bytes; 10 ms of line rate, never below 64 KiB
+	# (one GSO super-packet), keeps the long-run rate exact without starving the link.
+	local burst=$((mbit * 1000000 / 8 / 100))
+	[ "$burst" -lt 65536 ] && burst=65536
+	ip netns exec "$ns" tc qdisc replace dev "$dev" root tbf rate "${mbit}mbit" \
+		burst "$burst" latency 50ms
+}
+
+cmd_up() {
+	[ $# -ge 1 ] || usage
+	local n=$1 rate=""
+	shift
+	if ! [[ $n =~ ^[0-9]+$ ]] || [ "$n" -lt 1 ] || [ "$n" -gt 200 ]; then
+		die "N must be 1..200"
+	fi
+	while [ $# -gt 0 ]; do
+		case "$1" in
+		--rate) rate=${2:-}; shift ;;
+		--prefix) prefix=${2:-}; valid_prefix "$prefix"; shift ;;
+		*) die "unknown option $1" ;;
+		esac
+		shift
+	done
+	if [ -n "$rate" ]; then
+		if ! [[ $rate =~ ^[0-9]+$ ]] || [ "$rate" -lt 1 ]; then
+			die "--rate takes whole Mbit/s"
+		fi
+	fi
+	[ "$(id -u)" -eq 0 ] || die "needs root"
+	[ -z "$(our_namespaces)" ] || die "namespaces with prefix '$prefix' exist; run: $prog down --prefix $prefix"
+
+	# From here on a failure removes what was built.
+	built=0
+	trap '[ "$built" = 1 ] || cmd_down >/dev/null 2>&1 || true' EXIT
+	local br
+	br=$(ns_of br)
+	ip netns add "$br"
+	ip -n "$br" link set lo up
+	ip -n "$br" link add br0 type bridge
+	ip -n "$br" addr add "$(addr_of br)/24" dev br0
+	ip -n "$br" link set br0 up
+	local i ns
+	for ((i = 0; i < n; i++)); do
+		ns=$(ns_of "$i")
+		ip netns add "$ns"
+		ip -n "$ns" link set lo up
+		ip link add eth0 netns "$ns" type veth peer name "vh$i" netns "$br"
+		ip -n "$br" link set "vh$i" master br0
+		ip -n "$br" link set "vh$i" up
+		ip -n "$ns" addr add "$(addr_of "$i")/24" dev eth0
+		ip -n "$ns" link set eth0 up
+		if [ -n "$rate" ]; then
+			shape "$ns" eth0 "$rate"
+			shape "$br" "vh$i" "$rate"
+		fi
+	done
+	built=1
+	cmd_list
+}
+
+cmd_exec() {
+	[ $# -ge 2 ] || usage
+	local host=$1 ns name
+	shift
+	ns=$(ns_of "$host")
+	ns_exists "$ns" || die "no namespace $ns (run: $prog up N --prefix $prefix)"
+	if [ "$host" = br ]; then
+		name=br
+	else
+		name=h$host
+	fi
+	# shellcheck disable=SC2016 # $0 and $@ belong to the inner shell
+	exec ip netns exec "$ns" env KOLO_HOSTNAME="$name" \
+		unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
+}
+
+cmd_addr() {
+	[ $# -eq 1 ] || usage
+	ns_exists "$(ns_of "$1")" || die "no namespace $(ns_of "$1")"
+	addr_of "$1"
+}
+
+cmd_link() {
+	[ $# -eq 2 ] || usage
+	[[ $1 =~ ^[0-9]+$ ]] || die "link takes a host number"
+	case "$2" in
+	up | down) ;;
+	*) usage ;;
+	esac
+	ns_exists "$(ns_of "$1")" || die "no namespace $(ns_of "$1")"
+	# Cut at the bridge port: the host keeps its address and sees no carrier change
+	# it could react to, as when a cable or a switch port fails.
+	ip -n "$(ns_of br)" link set "vh$1" "$2"
+}
+
+cmd_list() {
+	local ns
+	for ns in $(our_namespaces); do
+		local h=${ns#"$prefix"-}
+		if [ "$h" = br ]; then
+			echo "br $ns $(addr_of br)"
+		else
+			echo "${h} $ns $(addr_of "${h#h}")"
+		fi
+	done
+}
+
+if [ "${1:-}" = --prefix ]; then
+	prefix=${2:-}
+	shift 2 || usage
+fi
+[ $# -ge 1 ] || usage
+sub=$1
+shift
+# --prefix may also follow the subcommand of down/list/exec/addr/link.
+args=()
+while [ $# -gt 0 ]; do
+	if [ "$1" = --prefix ] && [ "$sub" != up ] && [ "$sub" != exec ]; then
+		prefix=${2:-}
+		shift 2
+		continue
+	fi
+	args+=("$1")
+	shift
+done
+valid_prefix "$prefix"
+case "$sub" in
+up) cmd_up "${args[@]}" ;;
+down) cmd_down ;;
+exec) cmd_exec "${args[@]}" ;;
+addr) cmd_addr "${args[@]}" ;;
+link) cmd_link "${args[@]}" ;;
+list) cmd_list ;;
+-h | --help | help) usage ;;
+*) usage ;;
+esac
