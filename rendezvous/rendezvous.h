@@ -43,6 +43,16 @@ void kolo_rdzv_assign(const char *const *hosts, int n, int index,
                       struct kolo_rdzv_assignment *out, int *rank_of_index);
 void kolo_rdzv_assignment_fini(struct kolo_rdzv_assignment *a);
 
+/* One worker's place in a round. */
+struct kolo_rdzv_slot {
+	int rank, size;
+	int local_rank, local_size;
+	int cross_rank, cross_size;
+};
+/* kolo_rdzv_assign for every worker at once in O(n + hosts * max local size):
+ * out[i] is worker i's slot. KOLO_ENOMEM on allocation failure. */
+kolo_status_t kolo_rdzv_assign_all(const char *const *hosts, int n, struct kolo_rdzv_slot *out);
+
 /* ---- server ----------------------------------------------------------- */
 
 struct kolo_rdzv_server_config {
@@ -65,6 +75,39 @@ int kolo_rdzv_server_port(const struct kolo_rdzv_server *s);
 /* Stops accepting, finishes in-flight requests (long polls answer 503),
  * joins the threads and frees. Accepts NULL. */
 void kolo_rdzv_server_stop(struct kolo_rdzv_server *s);
+
+/* ---- server: request validation (pure; unit-tested) -------------------- */
+
+/* true when s is 1..KOLO_RDZV_ID_MAX-1 characters of [A-Za-z0-9._:-], plus
+ * '/' when allow_slash (KV keys). */
+bool kolo_rdzv_valid_id(const char *s, bool allow_slash);
+/* true when s is a valid host name: 1..KOLO_RDZV_HOST_MAX-1 characters of
+ * [A-Za-z0-9._:-]. */
+bool kolo_rdzv_valid_host(const char *s);
+
+struct kolo_rdzv_job_config {
+	int min_np, max_np, settle_ms;
+};
+/* Parses a PUT /v1/jobs/{job} body over the values already in *cfg (fields
+ * are optional; present ones must be integers in range). On error returns
+ * KOLO_EINVAL with a message for the client in err. */
+kolo_status_t kolo_rdzv_parse_job_config(const char *body, size_t len,
+                                         struct kolo_rdzv_job_config *cfg, char *err,
+                                         size_t errsize);
+
+struct kolo_rdzv_join_req {
+	char host[KOLO_RDZV_HOST_MAX];
+	char worker_id[KOLO_RDZV_ID_MAX]; /* "" when the server picks one */
+	int64_t round;                    /* -1 when not a re-registration */
+	int rank;                         /* -1 when not a re-registration */
+};
+/* Parses a POST /workers body ({"host"} required; "worker_id", "round",
+ * "rank" optional, round and rank together). KOLO_EINVAL + err on error. */
+kolo_status_t kolo_rdzv_parse_join(const char *body, size_t len, struct kolo_rdzv_join_req *out,
+                                   char *err, size_t errsize);
+/* Parses a POST /failures body {"round":int,"rank":int}. */
+kolo_status_t kolo_rdzv_parse_failure(const char *body, size_t len, int64_t *round, int *rank,
+                                      char *err, size_t errsize);
 
 /* ---- client ----------------------------------------------------------- */
 
@@ -90,15 +133,20 @@ kolo_status_t kolo_rdzv_client_create(const struct kolo_rdzv_client_config *cfg,
                                       struct kolo_rdzv_client **out, struct kolo_errbuf *eb);
 /* Stops the heartbeat and frees. Does not leave. Accepts NULL. */
 void kolo_rdzv_client_destroy(struct kolo_rdzv_client *c);
-/* The detail of the last failure. */
+/* The detail of the last failure of a call (the heartbeat thread's failures
+ * show in kolo_rdzv_heartbeat_state() instead). Calls other than the
+ * heartbeat ones may be made from several threads; each uses its own curl
+ * handle. */
 const char *kolo_rdzv_client_error(const struct kolo_rdzv_client *c);
 /* POST /workers. Retries with backoff and jitter until the deadline. */
 kolo_status_t kolo_rdzv_join(struct kolo_rdzv_client *c);
 const char *kolo_rdzv_worker_id(const struct kolo_rdzv_client *c);
 int kolo_rdzv_lease_ms(const struct kolo_rdzv_client *c);
 /* Long-polls until a round newer than after_round that includes this worker
- * exists (KOLO_OK), timeout_ms passes (KOLO_ETIMEDOUT) or the worker was
- * evicted (KOLO_EMEMBERSHIP). Re-registers after a server restart. */
+ * exists (KOLO_OK), timeout_ms passes (KOLO_ETIMEDOUT; < 0 waits without
+ * limit) or the worker was evicted (KOLO_EMEMBERSHIP). Re-registers after a
+ * server restart. On success also records the round and rank as with
+ * kolo_rdzv_set_membership(). */
 kolo_status_t kolo_rdzv_wait_assignment(struct kolo_rdzv_client *c, int64_t after_round,
                                         int timeout_ms, struct kolo_rdzv_assignment *out);
 /* Starts / stops a background thread that heartbeats every period_ms (0: a
@@ -121,5 +169,10 @@ kolo_status_t kolo_rdzv_kv_put(struct kolo_rdzv_client *c, const char *key, cons
  * after that). *data is malloc'd; the caller frees it. */
 kolo_status_t kolo_rdzv_kv_get(struct kolo_rdzv_client *c, const char *key, int timeout_ms,
                                void **data, size_t *len);
+/* PUT /v1/jobs/{job}: sets the job's min_np, max_np and settle_ms. */
+kolo_status_t kolo_rdzv_job_configure(struct kolo_rdzv_client *c, int min_np, int max_np,
+                                      int settle_ms);
+/* GET /v1/jobs/{job}: the status document as JSON text; the caller frees it. */
+kolo_status_t kolo_rdzv_job_status(struct kolo_rdzv_client *c, char **json);
 
 #endif /* KOLO_RENDEZVOUS_H */
