@@ -28,6 +28,12 @@ struct kolo_comm {
 	struct kolo_errbuf err; /* kolo_last_error() */
 };
 
+/* Tells the launcher (kolorun, through the pipe named by KOLO_LAUNCHER_FD)
+ * this worker's rank, size and round, so that it prefixes the worker's output
+ * with the rank. Does nothing without a launcher; never fails. Call after
+ * every new assignment. */
+kolo_status_t kolo_runtime_report_rank(const struct kolo_comm *comm);
+
 /* Records st and its message as the comm's last error and returns st. */
 kolo_status_t kolo_comm_fail(struct kolo_comm *comm, kolo_status_t st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

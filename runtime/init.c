@@ -1,0 +1,317 @@
+/* kolo_init / kolo_finalize: the bootstrap. Parameters → rendezvous client →
+ * assignment → heartbeat → transport listening, its handle published in the
+ * KV under "addr/<round>/<rank>" → ring comm whose peer lookup reads that
+ * key. */
+#include "runtime.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fusion.h"
+#include "transport_tcp.h"
+
+#define SUBSYS "init"
+
+static _Thread_local char init_error[KOLO_ERRBUF_SIZE];
+
+KOLO_API const char *kolo_init_error(void)
+{
+	return init_error;
+}
+
+kolo_status_t kolo_comm_fail(struct kolo_comm *comm, kolo_status_t st, const char *fmt, ...)
+{
+	char msg[KOLO_ERRBUF_SIZE];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (comm)
+		memcpy(comm->err.msg, msg, sizeof(msg));
+	KOLO_DEBUG(SUBSYS, "%s: %s", kolo_status_name(st), msg);
+	return st;
+}
+
+/* The host part of a rendezvous URL ("http://[::1]:29470/" → "::1"). */
+static void url_host(const char *url, char *out, size_t size)
+{
+	const char *p = strstr(url, "://");
+	p = p ? p + 3 : url;
+	const char *end;
+	if (*p == '[') {
+		p++;
+		end = strchr(p, ']');
+	} else {
+		end = p + strcspn(p, ":/");
+	}
+	size_t n = end ? (size_t)(end - p) : strlen(p);
+	if (n >= size)
+		n = size - 1;
+	memcpy(out, p, n);
+	out[n] = '\0';
+}
+
+kolo_status_t kolo_runtime_report_rank(const struct kolo_comm *comm)
+{
+	int64_t fd = kolo_param_int(KOLO_P_LAUNCHER_FD);
+	if (fd < 0 || fd > INT32_MAX)
+		return KOLO_OK;
+	char line[96];
+	int n = snprintf(line, sizeof(line), "rank %d size %d round %" PRId64 "\n",
+	                 comm->assignment.rank, comm->assignment.size, comm->assignment.round);
+	/* One write of a short line on a pipe is atomic. A launcher that went
+	 * away is not our failure. */
+	if (write((int)fd, line, (size_t)n) != n)
+		KOLO_DEBUG(SUBSYS, "cannot report the rank to the launcher (fd %d): %s", (int)fd,
+		           strerror(errno));
+	return KOLO_OK;
+}
+
+static kolo_status_t lookup_peer(void *ctx, int rank, struct kolo_transport_handle *out,
+                                 int timeout_ms)
+{
+	struct kolo_comm *comm = ctx;
+	char key[64];
+	snprintf(key, sizeof(key), "addr/%" PRId64 "/%d", comm->assignment.round, rank);
+	void *data = NULL;
+	size_t len = 0;
+	kolo_status_t st = kolo_rdzv_kv_get(comm->rdzv, key, timeout_ms, &data, &len);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "looking up rank %d's address: %s", rank,
+		                      kolo_rdzv_client_error(comm->rdzv));
+	if (len != sizeof(*out)) {
+		free(data);
+		return kolo_comm_fail(comm, KOLO_EPROTO,
+		                      "KV %s holds %zu bytes, not a %zu-byte handle", key, len,
+		                      sizeof(*out));
+	}
+	memcpy(out->bytes, data, sizeof(*out));
+	free(data);
+	return KOLO_OK;
+}
+
+/* Creates the data plane for the current assignment: transport, its
+ * published address, the ring. */
+static kolo_status_t data_plane_create(struct kolo_comm *comm)
+{
+	const struct kolo_rdzv_assignment *a = &comm->assignment;
+	char route_to[KOLO_RDZV_HOST_MAX];
+	url_host(kolo_param_str(KOLO_P_RENDEZVOUS), route_to, sizeof(route_to));
+	const char *transport = kolo_param_str(KOLO_P_TRANSPORT);
+	if (strcmp(transport, "tcp") != 0)
+		return kolo_comm_fail(comm, KOLO_EUNSUPPORTED,
+		                      "KOLO_TRANSPORT=%s: only tcp is built in", transport);
+	struct kolo_transport_config tc = {
+	        .job = kolo_param_str(KOLO_P_JOB),
+	        .round = a->round,
+	        .rank = a->rank,
+	        .size = a->size,
+	        .token = (const uint8_t *)comm->token,
+	        .token_len = strlen(comm->token),
+	        .timeout_ms = (int)kolo_param_int(KOLO_P_TIMEOUT_MS),
+	        .streams = (int)KOLO_MAX(kolo_param_int(KOLO_P_TCP_STREAMS), 1),
+	        .iface = kolo_param_str(KOLO_P_IFACE),
+	        .route_to = route_to[0] ? route_to : NULL,
+	        .socket_buffer = (int)kolo_param_int(KOLO_P_SOCKET_BUFFER),
+	        .spin_us = (int)kolo_param_int(KOLO_P_SPIN_US),
+	};
+	const struct kolo_transport_ops *ops = &kolo_transport_tcp_ops;
+	kolo_status_t st = ops->create(&tc, &comm->transport);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "creating the %s transport failed", ops->name);
+	struct kolo_transport_handle handle;
+	memset(&handle, 0, sizeof(handle));
+	st = ops->listen(comm->transport, &handle);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "%s listen: %s", ops->name,
+		                      comm->transport->err.msg);
+	char key[64];
+	snprintf(key, sizeof(key), "addr/%" PRId64 "/%d", a->round, a->rank);
+	st = kolo_rdzv_kv_put(comm->rdzv, key, handle.bytes, sizeof(handle.bytes));
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "publishing the address: %s",
+		                      kolo_rdzv_client_error(comm->rdzv));
+	struct kolo_ring_config rc = {
+	        .transport = comm->transport,
+	        .rank = a->rank,
+	        .size = a->size,
+	        .lookup = lookup_peer,
+	        .lookup_ctx = comm,
+	        .small_allreduce_bytes = (size_t)kolo_param_int(KOLO_P_SMALL_ALLREDUCE_BYTES),
+	        .segment_bytes = (size_t)kolo_param_int(KOLO_P_SEGMENT_BYTES),
+	        .timeout_ms = tc.timeout_ms,
+	        .spin_us = tc.spin_us,
+	};
+	struct kolo_errbuf eb = {{0}};
+	st = kolo_ring_comm_create(&rc, &comm->ring, &eb);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "connecting the ring: %s", eb.msg);
+	return KOLO_OK;
+}
+
+static void comm_free(struct kolo_comm *comm)
+{
+	if (!comm)
+		return;
+	kolo_engine_destroy(comm->engine);
+	kolo_ring_comm_destroy(comm->ring);
+	if (comm->transport)
+		comm->transport->ops->destroy(comm->transport);
+	kolo_rdzv_client_destroy(comm->rdzv);
+	kolo_rdzv_assignment_fini(&comm->assignment);
+	pthread_mutex_destroy(&comm->engine_lock);
+	if (comm->token) {
+		memset(comm->token, 0, strlen(comm->token));
+		free(comm->token);
+	}
+	free(comm);
+}
+
+static kolo_status_t init_fail(struct kolo_comm *comm, kolo_status_t st)
+{
+	snprintf(init_error, sizeof(init_error), "%s", comm->err.msg);
+	KOLO_ERROR(SUBSYS, "kolo_init failed: %s: %s", kolo_strerror(st), init_error);
+	/* Leave so that the others form their round without us at once (not
+	 * when the server is unreachable: that would only wait again). */
+	if (comm->rdzv && st != KOLO_ERENDEZVOUS && st != KOLO_EAUTH)
+		kolo_rdzv_leave(comm->rdzv);
+	comm_free(comm);
+	return st;
+}
+
+KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
+{
+	init_error[0] = '\0';
+	if (!out) {
+		snprintf(init_error, sizeof(init_error), "kolo_init: comm is NULL");
+		return KOLO_EINVAL;
+	}
+	*out = NULL;
+	kolo_log_configure();
+	struct kolo_comm *comm = calloc(1, sizeof(*comm));
+	if (!comm) {
+		snprintf(init_error, sizeof(init_error), "out of memory");
+		return KOLO_ENOMEM;
+	}
+	pthread_mutex_init(&comm->engine_lock, NULL);
+	kolo_status_t st;
+	const char *url = kolo_param_str(KOLO_P_RENDEZVOUS);
+	if (!url[0])
+		return init_fail(comm,
+		                 kolo_comm_fail(comm, KOLO_EINVAL,
+		                                "KOLO_RENDEZVOUS is not set: run under kolorun "
+		                                "or set it to the rendezvous server's URL"));
+	if ((st = kolo_token_load(&comm->token, &comm->err)) != KOLO_OK)
+		return init_fail(comm, st);
+	if (kolo_hostname(comm->host, sizeof(comm->host)) != KOLO_OK || !comm->host[0])
+		return init_fail(comm, kolo_comm_fail(comm, KOLO_ESYSTEM,
+		                                      "cannot determine the host name; set "
+		                                      "KOLO_HOSTNAME"));
+	kolo_log_set_identity(comm->host, -1);
+	struct kolo_rdzv_client_config cc = {
+	        .url = url,
+	        .job = kolo_param_str(KOLO_P_JOB),
+	        .token = comm->token,
+	        .host = comm->host,
+	        .deadline_ms = (int)kolo_param_int(KOLO_P_RDZV_DEADLINE_MS),
+	};
+	if ((st = kolo_rdzv_client_create(&cc, &comm->rdzv, &comm->err)) != KOLO_OK)
+		return init_fail(comm, st);
+	if ((st = kolo_rdzv_join(comm->rdzv)) != KOLO_OK)
+		return init_fail(comm, kolo_comm_fail(comm, st, "joining job %s at %s: %s", cc.job,
+		                                      url, kolo_rdzv_client_error(comm->rdzv)));
+	/* Heartbeat while waiting too: a long wait must not cost the lease. */
+	if ((st = kolo_rdzv_heartbeat_start(comm->rdzv,
+	                                    (int)kolo_param_int(KOLO_P_HEARTBEAT_MS))) != KOLO_OK)
+		return init_fail(
+		        comm, kolo_comm_fail(comm, st, "%s", kolo_rdzv_client_error(comm->rdzv)));
+	int timeout = (int)KOLO_MIN(kolo_param_int(KOLO_P_INIT_TIMEOUT_MS), INT32_MAX);
+	if ((st = kolo_rdzv_wait_assignment(comm->rdzv, 0, timeout, &comm->assignment)) !=
+	    KOLO_OK) {
+		kolo_comm_fail(comm, st, "waiting for a round of job %s at %s: %s", cc.job, url,
+		               kolo_rdzv_client_error(comm->rdzv));
+		return init_fail(comm, st);
+	}
+	const struct kolo_rdzv_assignment *a = &comm->assignment;
+	kolo_log_set_identity(comm->host, a->rank);
+	kolo_runtime_report_rank(comm);
+	KOLO_INFO(SUBSYS,
+	          "round %" PRId64 ": rank %d of %d, local %d of %d, cross %d of %d (worker %s)",
+	          a->round, a->rank, a->size, a->local_rank, a->local_size, a->cross_rank,
+	          a->cross_size, kolo_rdzv_worker_id(comm->rdzv));
+	if ((st = data_plane_create(comm)) != KOLO_OK)
+		return init_fail(comm, st);
+	*out = comm;
+	return KOLO_OK;
+}
+
+/* Waits until every rank has finished with the data plane, so that closing
+ * our connections cannot cut off data a peer still has to read (a reset
+ * discards it). Through the KV, not the data plane: the last message of any
+ * data-plane barrier could itself be cut off. Bounded by KOLO_TIMEOUT_MS: a
+ * dead peer must not stop us from finishing. */
+static void finalize_sync(struct kolo_comm *comm)
+{
+	const struct kolo_rdzv_assignment *a = &comm->assignment;
+	if (a->size <= 1)
+		return;
+	int timeout = (int)KOLO_MAX(kolo_param_int(KOLO_P_TIMEOUT_MS), 1);
+	uint64_t end = kolo_now_ms() + (uint64_t)timeout;
+	char key[64];
+	void *data = NULL;
+	size_t len;
+	kolo_status_t st;
+	snprintf(key, sizeof(key), "fin/%" PRId64 "/%d", a->round, a->rank);
+	if ((st = kolo_rdzv_kv_put(comm->rdzv, key, "1", 1)) != KOLO_OK)
+		goto fail;
+	if (a->rank == 0) {
+		for (int r = 1; r < a->size; r++) {
+			uint64_t now = kolo_now_ms();
+			snprintf(key, sizeof(key), "fin/%" PRId64 "/%d", a->round, r);
+			st = kolo_rdzv_kv_get(comm->rdzv, key, now < end ? (int)(end - now) : 0,
+			                      &data, &len);
+			free(data);
+			data = NULL;
+			if (st != KOLO_OK)
+				goto fail;
+		}
+		snprintf(key, sizeof(key), "fin/%" PRId64 "/all", a->round);
+		st = kolo_rdzv_kv_put(comm->rdzv, key, "1", 1);
+	} else {
+		snprintf(key, sizeof(key), "fin/%" PRId64 "/all", a->round);
+		st = kolo_rdzv_kv_get(comm->rdzv, key, timeout, &data, &len);
+		free(data);
+	}
+	if (st == KOLO_OK)
+		return;
+fail:
+	KOLO_WARN(SUBSYS, "finalize: not every rank reported done (%s); closing anyway",
+	          kolo_rdzv_client_error(comm->rdzv));
+}
+
+KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm)
+{
+	if (!comm)
+		return KOLO_OK;
+	/* The engine owns the ring while it runs: stop it first. */
+	kolo_engine_destroy(comm->engine);
+	comm->engine = NULL;
+	if (comm->ring)
+		finalize_sync(comm);
+	kolo_ring_comm_destroy(comm->ring);
+	comm->ring = NULL;
+	if (comm->transport)
+		comm->transport->ops->destroy(comm->transport);
+	comm->transport = NULL;
+	kolo_status_t st = kolo_rdzv_leave(comm->rdzv);
+	if (st != KOLO_OK)
+		KOLO_WARN(SUBSYS, "leaving the rendezvous failed: %s",
+		          kolo_rdzv_client_error(comm->rdzv));
+	kolo_log_set_identity(comm->host, -1);
+	comm_free(comm);
+	return st;
+}

@@ -1,0 +1,170 @@
+/* kolo-info: prints the version, what this build contains, and every KOLO_*
+ * parameter with its default, alias, current value and help.
+ *
+ *   kolo-info                      version, build and parameters
+ *   kolo-info --params [--markdown] [--defaults]
+ *
+ * --markdown writes the table docs/params.md is made of; --defaults leaves
+ * out the current values (what the committed document holds). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+
+#ifndef KOLO_HAVE_CUDA
+#define KOLO_HAVE_CUDA 0
+#endif
+#ifndef KOLO_HAVE_NCCL
+#define KOLO_HAVE_NCCL 0
+#endif
+
+static const char *type_name(enum kolo_param_type t)
+{
+	switch (t) {
+	case KOLO_PARAM_INT:
+		return "int";
+	case KOLO_PARAM_FLOAT:
+		return "float";
+	case KOLO_PARAM_STRING:
+		return "string";
+	case KOLO_PARAM_BOOL:
+		return "bool";
+	}
+	return "?";
+}
+
+/* The value to show: secrets are never printed. */
+static const char *shown_value(enum kolo_param_id id)
+{
+	if (id == KOLO_P_TOKEN && kolo_param_str(id)[0])
+		return "(set, hidden)";
+	return kolo_param_str(id);
+}
+
+/* Markdown table cell: '|' would end the cell. */
+static void md_cell(const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '|')
+			fputs("\\|", stdout);
+		else
+			putchar(*s);
+	}
+}
+
+static void params_markdown(bool defaults_only)
+{
+	printf("# Parameters\n\n"
+	       "Every `KOLO_*` environment variable kolo reads, generated from `core/params.def` "
+	       "by\n`kolo-info --params --markdown --defaults` (do not edit by hand). Aliases are "
+	       "Horovod's\nnames for the same setting; the `KOLO_` name wins when both are set. "
+	       "Sizes accept\nsuffixes (`64M`, `1G`, `128KiB`); booleans accept `1`, `true`, "
+	       "`yes`, "
+	       "`on`.\n\n");
+	printf("| Variable | Type | Default | Alias | Description |%s\n",
+	       defaults_only ? "" : " Current (source) |");
+	printf("|---|---|---|---|---|%s\n", defaults_only ? "" : "---|");
+	for (int i = 0; i < KOLO_P_COUNT; i++) {
+		const struct kolo_param_info *p = kolo_param_info((enum kolo_param_id)i);
+		printf("| `%s` | %s | ", p->env, type_name(p->type));
+		if (p->def[0]) {
+			printf("`");
+			md_cell(p->def);
+			printf("`");
+		}
+		printf(" | %s%s%s | ", p->alias[0] ? "`" : "", p->alias, p->alias[0] ? "`" : "");
+		md_cell(p->help);
+		printf(" |");
+		if (!defaults_only) {
+			printf(" `");
+			md_cell(shown_value((enum kolo_param_id)i));
+			printf("` (%s) |", kolo_param_source((enum kolo_param_id)i));
+		}
+		printf("\n");
+	}
+}
+
+static void params_text(bool defaults_only)
+{
+	for (int i = 0; i < KOLO_P_COUNT; i++) {
+		enum kolo_param_id id = (enum kolo_param_id)i;
+		const struct kolo_param_info *p = kolo_param_info(id);
+		printf("%s (%s, default \"%s\"%s%s)\n", p->env, type_name(p->type), p->def,
+		       p->alias[0] ? ", alias " : "", p->alias);
+		if (!defaults_only)
+			printf("    value: \"%s\" (%s)\n", shown_value(id), kolo_param_source(id));
+		printf("    %s\n", p->help);
+	}
+}
+
+static void build_info(void)
+{
+	printf("kolo %s\n", KOLO_VERSION_STRING);
+	printf("transports: tcp\n");
+	printf("cuda headers: %s\n", KOLO_HAVE_CUDA ? "found" : "not found");
+	printf("nccl headers: %s\n", KOLO_HAVE_NCCL ? "found" : "not found");
+#if defined(__SANITIZE_ADDRESS__)
+	printf("sanitizer: address\n");
+#elif defined(__SANITIZE_THREAD__)
+	printf("sanitizer: thread\n");
+#endif
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kolo-info [--params] [--markdown] [--defaults] [--version] [--help]\n"
+	           "  (no option)   version, build contents and every parameter\n"
+	           "  --params      only the KOLO_* parameters\n"
+	           "  --markdown    the parameters as a Markdown table (docs/params.md)\n"
+	           "  --defaults    leave out the current values\n"
+	           "  --version     only the version\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longs[] = {
+	        {"params", no_argument, NULL, 'p'},   {"markdown", no_argument, NULL, 'm'},
+	        {"defaults", no_argument, NULL, 'd'}, {"version", no_argument, NULL, 'v'},
+	        {"help", no_argument, NULL, 'h'},     {NULL, 0, NULL, 0},
+	};
+	bool params = false, markdown = false, defaults = false;
+	int c;
+	while ((c = getopt_long(argc, argv, "pmdvh", longs, NULL)) != -1) {
+		switch (c) {
+		case 'p':
+			params = true;
+			break;
+		case 'm':
+			markdown = true;
+			break;
+		case 'd':
+			defaults = true;
+			break;
+		case 'v':
+			printf("kolo %s\n", KOLO_VERSION_STRING);
+			return 0;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		usage(stderr);
+		return 2;
+	}
+	if (markdown) {
+		params_markdown(defaults);
+		return 0;
+	}
+	if (!params) {
+		build_info();
+		printf("\nparameters:\n");
+	}
+	params_text(defaults);
+	return 0;
+}
