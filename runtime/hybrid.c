@@ -23,6 +23,7 @@ struct hybrid {
 	struct kolo_transport *net, *local;
 	bool *same_host;
 	int size;
+	bool any_remote; /* some peer is reached through net */
 	struct kolo_req *free_reqs, *all_reqs;
 };
 
@@ -219,6 +220,8 @@ static kolo_status_t hybrid_wait(struct kolo_transport *t, int timeout_ms)
 	struct hybrid *h = hy(t);
 	if (!h->local)
 		return h->net->ops->wait(h->net, timeout_ms);
+	if (!h->any_remote)
+		return h->local->ops->wait(h->local, timeout_ms);
 	/* Let each sub-transport arm its wake-ups and make any progress it can
 	 * without blocking, then block on both at once. */
 	kolo_status_t st = h->local->ops->wait(h->local, 0);
@@ -298,12 +301,15 @@ kolo_status_t kolo_hybrid_create(const struct kolo_transport_config *cfg, const 
 	for (int r = 0; r < cfg->size; r++) {
 		h->same_host[r] = same_host && same_host[r] && r != cfg->rank;
 		any_local |= h->same_host[r];
+		h->any_remote |= r != cfg->rank && !h->same_host[r];
 	}
 	kolo_status_t st = net->create(cfg, &h->net);
 	if (st != KOLO_OK) {
 		hybrid_destroy(&h->base);
 		return kolo_fail(eb, st, "cannot create the %s transport", net->name);
 	}
+	if (!local)
+		h->any_remote = cfg->size > 1;
 	if (local && any_local) {
 		st = local->create(cfg, &h->local);
 		if (st != KOLO_OK) {

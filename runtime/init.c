@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "fusion.h"
+#include "hybrid.h"
+#include "transport_shm.h"
 #include "transport_tcp.h"
 
 #define SUBSYS "init"
@@ -119,10 +121,25 @@ static kolo_status_t data_plane_create(struct kolo_comm *comm)
 	        .socket_buffer = (int)kolo_param_int(KOLO_P_SOCKET_BUFFER),
 	        .spin_us = (int)kolo_param_int(KOLO_P_SPIN_US),
 	};
-	const struct kolo_transport_ops *ops = &kolo_transport_tcp_ops;
-	kolo_status_t st = ops->create(&tc, &comm->transport);
+	/* Peers on this host go through shared memory unless KOLO_SHM=0. */
+	const char *shm = kolo_param_str(KOLO_P_SHM);
+	bool use_shm = strcmp(shm, "0") != 0 && strcmp(shm, "off") != 0;
+	bool *same_host = calloc((size_t)a->size, sizeof(bool));
+	if (!same_host)
+		return kolo_comm_fail(comm, KOLO_ENOMEM, "out of memory");
+	for (int i = 0; i < a->n_members; i++) {
+		const struct kolo_rdzv_member *m = &a->members[i];
+		if (m->rank >= 0 && m->rank < a->size)
+			same_host[m->rank] = strcmp(m->host, comm->host) == 0;
+	}
+	struct kolo_errbuf teb = {{0}};
+	kolo_status_t st = kolo_hybrid_create(&tc, same_host,
+	                                      use_shm ? &kolo_transport_shm_ops : NULL,
+	                                      &kolo_transport_tcp_ops, &comm->transport, &teb);
+	free(same_host);
 	if (st != KOLO_OK)
-		return kolo_comm_fail(comm, st, "creating the %s transport failed", ops->name);
+		return kolo_comm_fail(comm, st, "creating the transport failed: %s", teb.msg);
+	const struct kolo_transport_ops *ops = comm->transport->ops;
 	struct kolo_transport_handle handle;
 	memset(&handle, 0, sizeof(handle));
 	st = ops->listen(comm->transport, &handle);
