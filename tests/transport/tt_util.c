@@ -1,0 +1,154 @@
+/* Helpers of the transport tests. */
+#include "tt_util.h"
+
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport_shm.h"
+#include "transport_tcp.h"
+
+const struct tt_transport tt_transports[] = {
+        {"tcp", &kolo_transport_tcp_ops, true},
+        /* transport_shm still completes a post made after abort() or after
+         * its conn failed. */
+        {"shm", &kolo_transport_shm_ops, false},
+};
+const int tt_ntransports = (int)KOLO_ARRAY_SIZE(tt_transports);
+
+struct kolo_transport_config tt_config(int rank, int size, int streams, int timeout_ms)
+{
+	static const char token[] = TT_TOKEN;
+	return (struct kolo_transport_config){
+	        .job = TT_JOB,
+	        .round = TT_ROUND,
+	        .rank = rank,
+	        .size = size,
+	        .token = (const uint8_t *)token,
+	        .token_len = sizeof(token) - 1,
+	        .timeout_ms = timeout_ms,
+	        .streams = streams,
+	        .iface = "127.0.0.1",
+	        .route_to = NULL,
+	        .socket_buffer = 0,
+	        .spin_us = 0,
+	};
+}
+
+struct kolo_transport *tt_open(const struct kolo_transport_ops *ops,
+                               const struct kolo_transport_config *cfg,
+                               struct kolo_transport_handle *h)
+{
+	struct kolo_transport *t = NULL;
+	ck_assert_int_eq(ops->create(cfg, &t), KOLO_OK);
+	ck_assert_ptr_nonnull(t);
+	ck_assert_int_eq(ops->listen(t, h), KOLO_OK);
+	return t;
+}
+
+struct kolo_conn *tt_accept(struct kolo_transport *t, int peer, int tag, struct kolo_transport **ts,
+                            int nt, int timeout_ms)
+{
+	uint64_t end = kolo_now_ms() + (uint64_t)timeout_ms;
+	for (;;) {
+		struct kolo_conn *c = NULL;
+		ck_assert_int_eq(t->ops->accept(t, peer, tag, &c), KOLO_OK);
+		if (c)
+			return c;
+		if (kolo_now_ms() >= end)
+			return NULL;
+		for (int i = 0; i < nt; i++)
+			ts[i]->ops->wait(ts[i], 1);
+	}
+}
+
+void tt_pair_open(struct tt_pair *p, const struct kolo_transport_ops *ops, int streams,
+                  int timeout_ms)
+{
+	memset(p, 0, sizeof(*p));
+	p->ops = ops;
+	struct kolo_transport_config ca = tt_config(0, 2, streams, timeout_ms);
+	struct kolo_transport_config cb = tt_config(1, 2, streams, timeout_ms);
+	p->a = tt_open(ops, &ca, &p->ha);
+	p->b = tt_open(ops, &cb, &p->hb);
+	ck_assert_int_eq(ops->connect(p->a, &p->hb, 1, 7, &p->ab), KOLO_OK);
+	ck_assert_ptr_nonnull(p->ab);
+	struct kolo_transport *ts[] = {p->a, p->b};
+	p->ba = tt_accept(p->b, 0, 7, ts, 2, 5000);
+	ck_assert_msg(p->ba != NULL, "accept timed out");
+	ck_assert_int_eq(p->ba->peer_rank, 0);
+	ck_assert_int_eq(p->ba->tag, 7);
+	ck_assert_int_eq(p->ab->peer_rank, 1);
+}
+
+void tt_pair_close(struct tt_pair *p)
+{
+	p->ops->close(p->ab);
+	p->ops->close(p->ba);
+	p->ops->destroy(p->a);
+	p->ops->destroy(p->b);
+	memset(p, 0, sizeof(*p));
+}
+
+kolo_status_t tt_drive(struct kolo_transport **ts, int nt, struct kolo_req **reqs,
+                       kolo_status_t *sts, int n, int timeout_ms)
+{
+	uint64_t end = kolo_now_ms() + (uint64_t)timeout_ms;
+	kolo_status_t first = KOLO_OK;
+	for (;;) {
+		int left = 0;
+		bool moved = false;
+		for (int i = 0; i < n; i++) {
+			if (!reqs[i])
+				continue;
+			bool done = false;
+			kolo_status_t st = ts[0]->ops->test(reqs[i], &done);
+			if (st != KOLO_OK || done) {
+				reqs[i] = NULL;
+				if (sts)
+					sts[i] = st;
+				if (st != KOLO_OK && first == KOLO_OK)
+					first = st;
+				moved = true;
+				continue;
+			}
+			left++;
+		}
+		if (!left)
+			return first;
+		if (kolo_now_ms() >= end)
+			return first != KOLO_OK ? first : KOLO_ETIMEDOUT;
+		if (!moved)
+			for (int i = 0; i < nt; i++)
+				ts[i]->ops->wait(ts[i], 1);
+	}
+}
+
+static uint8_t pattern(size_t i, uint32_t seed)
+{
+	uint64_t x = (uint64_t)i * 0x9e3779b97f4a7c15ull + seed * 0x632be59bd9b4e019ull;
+	return (uint8_t)(x >> 56 ^ x >> 29 ^ i);
+}
+
+void tt_fill(void *buf, size_t len, uint32_t seed)
+{
+	uint8_t *p = buf;
+	for (size_t i = 0; i < len; i++)
+		p[i] = pattern(i, seed);
+}
+
+long long tt_check(const void *buf, size_t len, uint32_t seed)
+{
+	const uint8_t *p = buf;
+	for (size_t i = 0; i < len; i++)
+		if (p[i] != pattern(i, seed))
+			return (long long)i;
+	return -1;
+}
+
+void *tt_alloc(size_t len)
+{
+	void *p = malloc(len ? len : 1);
+	ck_assert_ptr_nonnull(p);
+	return p;
+}
