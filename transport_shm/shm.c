@@ -829,6 +829,11 @@ static kolo_status_t post(struct kolo_conn *base, void *buf, size_t len, bool se
                           struct kolo_req **out)
 {
 	struct shm_conn *c = cn(base);
+	int ab = atomic_load(&c->t->abort_status);
+	if (ab != KOLO_OK)
+		return (kolo_status_t)ab;
+	if (c->state == CS_FAILED)
+		return c->failed;
 	struct kolo_req *r = calloc(1, sizeof(*r));
 	if (!r)
 		return KOLO_ENOMEM;

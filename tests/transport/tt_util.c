@@ -10,9 +10,7 @@
 
 const struct tt_transport tt_transports[] = {
         {"tcp", &kolo_transport_tcp_ops, true},
-        /* transport_shm still completes a post made after abort() or after
-         * its conn failed. */
-        {"shm", &kolo_transport_shm_ops, false},
+        {"shm", &kolo_transport_shm_ops, true},
 };
 const int tt_ntransports = (int)KOLO_ARRAY_SIZE(tt_transports);
 
