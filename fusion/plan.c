@@ -1,0 +1,38 @@
+/* plan: which ready allreduces share one pass through the fusion buffer. */
+#include "fusion.h"
+
+static bool same_key(const struct kolo_fusion_item *a, const struct kolo_fusion_item *b)
+{
+	return a->dtype == b->dtype && a->op == b->op && a->prescale == b->prescale &&
+	       a->postscale == b->postscale;
+}
+
+size_t kolo_fusion_plan(const struct kolo_fusion_item *items, size_t n, uint64_t threshold,
+                        size_t *batch_of)
+{
+	const size_t unset = (size_t)-1;
+	size_t nb = 0;
+	for (size_t i = 0; i < n; i++)
+		batch_of[i] = unset;
+	for (size_t i = 0; i < n; i++) {
+		if (batch_of[i] != unset)
+			continue;
+		size_t b = nb++;
+		batch_of[i] = b;
+		if (threshold == 0 || items[i].solo || items[i].bytes >= threshold)
+			continue;
+		uint64_t used = items[i].bytes;
+		/* Look ahead past items of another kind (mixed precision interleaves
+		 * float16 and float32 gradients) and past ones that no longer fit. */
+		for (size_t j = i + 1; j < n && used < threshold; j++) {
+			if (batch_of[j] != unset || items[j].solo ||
+			    !same_key(&items[i], &items[j]))
+				continue;
+			if (items[j].bytes > threshold - used)
+				continue;
+			batch_of[j] = b;
+			used += items[j].bytes;
+		}
+	}
+	return nb;
+}

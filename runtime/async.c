@@ -1,0 +1,245 @@
+/* async: the public async API of kolo/async.h. Creates the fusion engine on
+ * the comm at first use and hands every operation to it. */
+#include "fusion.h"
+#include "runtime.h"
+
+#include <string.h>
+
+/* The comm's engine, created on first use. */
+static kolo_status_t engine_of(struct kolo_comm *comm, struct kolo_engine **out)
+{
+	*out = NULL;
+	if (!comm || !comm->ring)
+		return KOLO_EINVAL;
+	pthread_mutex_lock(&comm->engine_lock);
+	kolo_status_t st = KOLO_OK;
+	if (!comm->engine) {
+		struct kolo_errbuf eb = {{0}};
+		st = kolo_engine_create(comm->ring, comm->assignment.rank, comm->assignment.size,
+		                        NULL, &comm->engine, &eb);
+		if (st != KOLO_OK)
+			kolo_comm_fail(comm, st, "starting the fusion engine: %s", eb.msg);
+	}
+	*out = comm->engine;
+	pthread_mutex_unlock(&comm->engine_lock);
+	return st;
+}
+
+static kolo_status_t submit(struct kolo_comm *comm, struct kolo_engine_op *op,
+                            kolo_handle_t **handle)
+{
+	if (handle)
+		*handle = NULL;
+	struct kolo_engine *e;
+	kolo_status_t st = engine_of(comm, &e);
+	if (st != KOLO_OK)
+		return st;
+	op->owner = comm;
+	struct kolo_errbuf eb = {{0}};
+	st = kolo_engine_enqueue(e, op, handle, &eb);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "%s", eb.msg);
+	return KOLO_OK;
+}
+
+KOLO_API kolo_status_t kolo_allreduce_async(kolo_comm_t *comm, const char *name,
+                                            const void *sendbuf, void *recvbuf, size_t count,
+                                            kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                            double postscale, kolo_callback_fn cb, void *cb_arg,
+                                            kolo_handle_t **handle)
+{
+	struct kolo_engine_op o = {
+	        .kind = KOLO_FK_ALLREDUCE,
+	        .name = name,
+	        .dtype = dtype,
+	        .op = op,
+	        .prescale = prescale,
+	        .postscale = postscale,
+	        .count = count,
+	        .sendbuf = sendbuf,
+	        .recvbuf = recvbuf,
+	        .cb = cb,
+	        .cb_arg = cb_arg,
+	};
+	return submit(comm, &o, handle);
+}
+
+KOLO_API kolo_status_t kolo_grouped_allreduce_async(
+        kolo_comm_t *comm, int n, const char *const *names, const void *const *sendbufs,
+        void *const *recvbufs, const size_t *counts, kolo_dtype_t dtype, kolo_op_t op,
+        double prescale, double postscale, kolo_callback_fn cb, void *cb_arg,
+        kolo_handle_t **handle)
+{
+	struct kolo_engine_op o = {
+	        .kind = KOLO_FK_GROUP,
+	        .dtype = dtype,
+	        .op = op,
+	        .prescale = prescale,
+	        .postscale = postscale,
+	        .n = n,
+	        .names = names,
+	        .sendbufs = sendbufs,
+	        .recvbufs = recvbufs,
+	        .counts = counts,
+	        .cb = cb,
+	        .cb_arg = cb_arg,
+	};
+	return submit(comm, &o, handle);
+}
+
+KOLO_API kolo_status_t kolo_allgather_async(kolo_comm_t *comm, const char *name,
+                                            const void *sendbuf, size_t sendcount,
+                                            kolo_dtype_t dtype, void **recvbuf, size_t *recvcounts,
+                                            kolo_callback_fn cb, void *cb_arg,
+                                            kolo_handle_t **handle)
+{
+	struct kolo_engine_op o = {
+	        .kind = KOLO_FK_ALLGATHER,
+	        .name = name,
+	        .dtype = dtype,
+	        .count = sendcount,
+	        .sendbuf = sendbuf,
+	        .recvbuf_out = recvbuf,
+	        .recvcounts = recvcounts,
+	        .cb = cb,
+	        .cb_arg = cb_arg,
+	};
+	return submit(comm, &o, handle);
+}
+
+KOLO_API kolo_status_t kolo_broadcast_async(kolo_comm_t *comm, const char *name, void *buf,
+                                            size_t count, kolo_dtype_t dtype, int root,
+                                            kolo_callback_fn cb, void *cb_arg,
+                                            kolo_handle_t **handle)
+{
+	struct kolo_engine_op o = {
+	        .kind = KOLO_FK_BROADCAST,
+	        .name = name,
+	        .dtype = dtype,
+	        .root = root,
+	        .count = count,
+	        .recvbuf = buf,
+	        .cb = cb,
+	        .cb_arg = cb_arg,
+	};
+	return submit(comm, &o, handle);
+}
+
+KOLO_API kolo_status_t kolo_alltoall_async(kolo_comm_t *comm, const char *name, const void *sendbuf,
+                                           size_t count, const size_t *sendcounts,
+                                           kolo_dtype_t dtype, void **recvbuf, size_t *recvcounts,
+                                           kolo_callback_fn cb, void *cb_arg,
+                                           kolo_handle_t **handle)
+{
+	struct kolo_engine_op o = {
+	        .kind = KOLO_FK_ALLTOALL,
+	        .name = name,
+	        .dtype = dtype,
+	        .count = count,
+	        .sendcounts = sendcounts,
+	        .sendbuf = sendbuf,
+	        .recvbuf_out = recvbuf,
+	        .recvcounts = recvcounts,
+	        .cb = cb,
+	        .cb_arg = cb_arg,
+	};
+	if (sendcounts && comm) {
+		/* count is the total of the sendcounts. */
+		size_t sum = 0;
+		for (int i = 0; i < comm->assignment.size; i++)
+			sum += sendcounts[i];
+		o.count = sum;
+	}
+	return submit(comm, &o, handle);
+}
+
+KOLO_API kolo_status_t kolo_reducescatter_async(kolo_comm_t *comm, const char *name,
+                                                const void *sendbuf, void *recvbuf, size_t count,
+                                                kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                                double postscale, kolo_callback_fn cb, void *cb_arg,
+                                                kolo_handle_t **handle)
+{
+	struct kolo_engine_op o = {
+	        .kind = KOLO_FK_REDUCESCATTER,
+	        .name = name,
+	        .dtype = dtype,
+	        .op = op,
+	        .prescale = prescale,
+	        .postscale = postscale,
+	        .count = count,
+	        .sendbuf = sendbuf,
+	        .recvbuf = recvbuf,
+	        .cb = cb,
+	        .cb_arg = cb_arg,
+	};
+	return submit(comm, &o, handle);
+}
+
+KOLO_API kolo_status_t kolo_barrier_async(kolo_comm_t *comm, kolo_callback_fn cb, void *cb_arg,
+                                          kolo_handle_t **handle)
+{
+	struct kolo_engine_op o = {.kind = KOLO_FK_BARRIER, .cb = cb, .cb_arg = cb_arg};
+	return submit(comm, &o, handle);
+}
+
+KOLO_API kolo_status_t kolo_poll(kolo_handle_t *handle, int *done)
+{
+	return kolo_handle_poll_done(handle, done);
+}
+
+KOLO_API kolo_status_t kolo_wait(kolo_handle_t *handle)
+{
+	if (!handle)
+		return KOLO_EINVAL;
+	struct kolo_comm *comm = kolo_handle_owner(handle);
+	struct kolo_errbuf eb = {{0}};
+	kolo_status_t st = kolo_handle_wait_release(handle, &eb);
+	if (st != KOLO_OK && comm)
+		kolo_comm_fail(comm, st, "%s", eb.msg);
+	return st;
+}
+
+KOLO_API void kolo_handle_release(kolo_handle_t *handle)
+{
+	kolo_handle_drop(handle);
+}
+
+KOLO_API kolo_status_t kolo_join(kolo_comm_t *comm, int *last_rank)
+{
+	struct kolo_engine *e;
+	kolo_status_t st = engine_of(comm, &e);
+	if (st != KOLO_OK)
+		return st;
+	int last = -1;
+	struct kolo_engine_op o = {.kind = KOLO_FK_JOIN, .last_rank = &last, .owner = comm};
+	struct kolo_errbuf eb = {{0}};
+	st = kolo_engine_run(e, &o, &eb);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "kolo_join: %s", eb.msg);
+	if (last_rank)
+		*last_rank = last;
+	return KOLO_OK;
+}
+
+KOLO_API kolo_status_t kolo_timeline_start(kolo_comm_t *comm, const char *path)
+{
+	struct kolo_engine *e;
+	kolo_status_t st = engine_of(comm, &e);
+	if (st != KOLO_OK)
+		return st;
+	struct kolo_errbuf eb = {{0}};
+	st = kolo_engine_timeline_start(e, path, &eb);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "kolo_timeline_start: %s", eb.msg);
+	return KOLO_OK;
+}
+
+KOLO_API kolo_status_t kolo_timeline_stop(kolo_comm_t *comm)
+{
+	if (!comm)
+		return KOLO_EINVAL;
+	pthread_mutex_lock(&comm->engine_lock);
+	struct kolo_engine *e = comm->engine;
+	pthread_mutex_unlock(&comm->engine_lock);
+	return e ? kolo_engine_timeline_stop(e) : KOLO_OK;
+}

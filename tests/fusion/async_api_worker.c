@@ -1,0 +1,235 @@
+/* A worker of the async-API test: run as `kolorun -np N -- async_api_worker
+ * TIMELINE_PATH`. Uses only the public API (kolo.h, async.h): every async
+ * collective, kolo_poll/kolo_wait, callbacks, a mismatch, kolo_join with
+ * uneven batches and the timeline (checked with jansson on rank 0). Exits 0
+ * when every check passed. */
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kolo/async.h"
+#include "kolo/kolo.h"
+
+static int failures;
+static int rank_, size_;
+
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "async_api_worker: rank %d: ", rank_);                     \
+			fprintf(stderr, __VA_ARGS__);                                              \
+			fprintf(stderr, "\n");                                                     \
+			failures++;                                                                \
+		}                                                                                  \
+	} while (0)
+
+static atomic_int callbacks;
+
+static void on_done(void *arg, kolo_status_t st)
+{
+	(void)arg;
+	if (st == KOLO_OK)
+		atomic_fetch_add(&callbacks, 1);
+}
+
+static void test_allreduce(kolo_comm_t *comm)
+{
+	enum { NT = 6, N = 1000 };
+	float *buf[NT];
+	kolo_handle_t *h[NT];
+	char name[32];
+	atomic_store(&callbacks, 0);
+	/* Each rank enqueues in a different order. */
+	for (int k = 0; k < NT; k++) {
+		int t = (k + rank_ * 2) % NT;
+		buf[t] = malloc(N * sizeof(float));
+		for (int i = 0; i < N; i++)
+			buf[t][i] = (float)(rank_ + t + i % 5);
+		snprintf(name, sizeof(name), "grad.%d", t);
+		kolo_status_t st = kolo_allreduce_async(comm, name, buf[t], buf[t], (size_t)(N - t),
+		                                        KOLO_FLOAT32, KOLO_AVERAGE, 1.0, 1.0,
+		                                        on_done, NULL, &h[t]);
+		CHECK(st == KOLO_OK, "allreduce_async %s: %s", name, kolo_last_error(comm));
+	}
+	for (int t = 0; t < NT; t++) {
+		int done = 0;
+		CHECK(kolo_poll(h[t], &done) == KOLO_OK, "poll");
+		CHECK(kolo_wait(h[t]) == KOLO_OK, "wait grad.%d: %s", t, kolo_last_error(comm));
+		for (int i = 0; i < N - t; i++) {
+			double want = (double)(size_ - 1) / 2.0 + t + i % 5;
+			if (buf[t][i] != (float)want) {
+				CHECK(0, "grad.%d[%d] = %g, want %g", t, i, buf[t][i], want);
+				break;
+			}
+		}
+		free(buf[t]);
+	}
+	CHECK(atomic_load(&callbacks) == NT, "callbacks %d", atomic_load(&callbacks));
+}
+
+static void test_grouped(kolo_comm_t *comm)
+{
+	double a[3], b[7];
+	for (int i = 0; i < 3; i++)
+		a[i] = rank_;
+	for (int i = 0; i < 7; i++)
+		b[i] = 1;
+	const char *names[2] = {"grp.a", "grp.b"};
+	const void *send[2] = {a, b};
+	void *recv[2] = {a, b};
+	size_t counts[2] = {3, 7};
+	kolo_handle_t *h;
+	CHECK(kolo_grouped_allreduce_async(comm, 2, names, send, recv, counts, KOLO_FLOAT64,
+	                                   KOLO_SUM, 1.0, 2.0, NULL, NULL, &h) == KOLO_OK,
+	      "grouped: %s", kolo_last_error(comm));
+	CHECK(kolo_wait(h) == KOLO_OK, "grouped wait: %s", kolo_last_error(comm));
+	CHECK(a[2] == 2.0 * size_ * (size_ - 1) / 2 && b[6] == 2.0 * size_, "grouped values %g %g",
+	      a[2], b[6]);
+}
+
+static void test_others(kolo_comm_t *comm)
+{
+	kolo_handle_t *h;
+	/* allgather: rank r contributes r+1 values */
+	int32_t mine[16];
+	for (int i = 0; i <= rank_; i++)
+		mine[i] = rank_;
+	void *out = NULL;
+	size_t *rc = calloc((size_t)size_, sizeof(size_t));
+	CHECK(kolo_allgather_async(comm, "ag", mine, (size_t)rank_ + 1, KOLO_INT32, &out, rc, NULL,
+	                           NULL, &h) == KOLO_OK,
+	      "allgather: %s", kolo_last_error(comm));
+	CHECK(kolo_wait(h) == KOLO_OK, "allgather wait: %s", kolo_last_error(comm));
+	size_t o = 0;
+	for (int r = 0; r < size_ && out; r++) {
+		CHECK(rc[r] == (size_t)r + 1, "allgather count");
+		for (size_t i = 0; i < rc[r]; i++, o++)
+			CHECK(((int32_t *)out)[o] == r, "allgather value");
+	}
+	free(out);
+	/* broadcast */
+	int64_t b[4] = {rank_, rank_, rank_, rank_};
+	CHECK(kolo_broadcast_async(comm, "bc", b, 4, KOLO_INT64, size_ - 1, NULL, NULL, &h) ==
+	              KOLO_OK,
+	      "broadcast");
+	CHECK(kolo_wait(h) == KOLO_OK && b[3] == size_ - 1, "broadcast result");
+	/* alltoall, equal split */
+	int32_t *snd = malloc((size_t)size_ * 2 * sizeof(int32_t));
+	for (int j = 0; j < size_ * 2; j++)
+		snd[j] = rank_ * 100 + j / 2;
+	out = NULL;
+	CHECK(kolo_alltoall_async(comm, "a2a", snd, (size_t)size_ * 2, NULL, KOLO_INT32, &out, rc,
+	                          NULL, NULL, &h) == KOLO_OK,
+	      "alltoall: %s", kolo_last_error(comm));
+	CHECK(kolo_wait(h) == KOLO_OK, "alltoall wait: %s", kolo_last_error(comm));
+	for (int i = 0; i < size_ && out; i++)
+		CHECK(rc[i] == 2 && ((int32_t *)out)[2 * i] == i * 100 + rank_, "alltoall value");
+	free(out);
+	free(snd);
+	/* reducescatter */
+	size_t count = (size_t)size_ * 3 + 1;
+	float *rs = malloc(count * sizeof(float)), res[8];
+	for (size_t i = 0; i < count; i++)
+		rs[i] = 1;
+	CHECK(kolo_reducescatter_async(comm, "rs", rs, res, count, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0,
+	                               NULL, NULL, &h) == KOLO_OK,
+	      "reducescatter");
+	CHECK(kolo_wait(h) == KOLO_OK && res[0] == (float)size_, "reducescatter result");
+	free(rs);
+	free(rc);
+	CHECK(kolo_barrier_async(comm, NULL, NULL, &h) == KOLO_OK, "barrier");
+	CHECK(kolo_wait(h) == KOLO_OK, "barrier wait");
+}
+
+static void test_mismatch(kolo_comm_t *comm)
+{
+	float v[8] = {0};
+	kolo_handle_t *h;
+	size_t n = rank_ == 1 ? 8 : 4;
+	CHECK(kolo_allreduce_async(comm, "mismatch", v, v, n, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0,
+	                           NULL, NULL, &h) == KOLO_OK,
+	      "enqueue");
+	/* A pending name cannot be enqueued twice. */
+	CHECK(kolo_allreduce_async(comm, "mismatch", v, v, n, KOLO_FLOAT32, KOLO_SUM, 1.0, 1.0,
+	                           NULL, NULL, NULL) == KOLO_EINVAL,
+	      "duplicate accepted");
+	kolo_status_t st = kolo_wait(h);
+	CHECK(st == KOLO_EMISMATCH, "mismatch gave %s", kolo_status_name(st));
+	CHECK(strstr(kolo_last_error(comm), "rank 1: 8") != NULL, "mismatch message '%s'",
+	      kolo_last_error(comm));
+}
+
+static void test_join(kolo_comm_t *comm)
+{
+	int batches = 1 + rank_;
+	for (int b = 0; b < batches; b++) {
+		double g = 1;
+		kolo_handle_t *h;
+		CHECK(kolo_allreduce_async(comm, "jgrad", &g, &g, 1, KOLO_FLOAT64, KOLO_SUM, 1.0,
+		                           1.0, NULL, NULL, &h) == KOLO_OK,
+		      "join enqueue");
+		CHECK(kolo_wait(h) == KOLO_OK, "join wait");
+		CHECK(g == size_ - b, "batch %d: %g, want %d", b, g, size_ - b);
+	}
+	int last = -1;
+	CHECK(kolo_join(comm, &last) == KOLO_OK, "kolo_join: %s", kolo_last_error(comm));
+	CHECK(last == size_ - 1, "last rank %d", last);
+}
+
+static void check_timeline(const char *path)
+{
+	json_error_t err;
+	json_t *j = json_load_file(path, 0, &err);
+	CHECK(j && json_is_array(j), "timeline %s: line %d: %s", path, err.line, err.text);
+	if (!j)
+		return;
+	int neg = 0, ar = 0, names = 0;
+	size_t i;
+	json_t *ev;
+	json_array_foreach(j, i, ev)
+	{
+		const char *nm = json_string_value(json_object_get(ev, "name"));
+		if (!nm)
+			continue;
+		neg += strcmp(nm, "NEGOTIATE_ALLREDUCE") == 0;
+		ar += strcmp(nm, "ALLREDUCE") == 0;
+		names += strcmp(nm, "process_name") == 0;
+	}
+	CHECK(neg >= 6 && ar >= 6 && names >= 6, "timeline events %d %d %d", neg, ar, names);
+	json_decref(j);
+}
+
+int main(int argc, char **argv)
+{
+	kolo_comm_t *comm = NULL;
+	if (kolo_init(&comm) != KOLO_OK) {
+		fprintf(stderr, "async_api_worker: kolo_init: %s\n", kolo_init_error());
+		return 2;
+	}
+	rank_ = kolo_rank(comm);
+	size_ = kolo_size(comm);
+	const char *tl = argc > 1 ? argv[1] : NULL;
+	if (tl)
+		CHECK(kolo_timeline_start(comm, tl) == KOLO_OK, "timeline: %s",
+		      kolo_last_error(comm));
+	test_allreduce(comm);
+	if (tl)
+		CHECK(kolo_timeline_stop(comm) == KOLO_OK, "timeline stop");
+	if (tl && rank_ == 0)
+		check_timeline(tl);
+	test_grouped(comm);
+	test_others(comm);
+	test_mismatch(comm);
+	test_join(comm);
+	/* The same names again: now served from the response cache. */
+	test_allreduce(comm);
+	kolo_status_t st = kolo_finalize(comm);
+	CHECK(st == KOLO_OK, "finalize: %s", kolo_strerror(st));
+	if (failures)
+		fprintf(stderr, "async_api_worker: rank %d: %d failure(s)\n", rank_, failures);
+	else if (rank_ == 0)
+		printf("async_api_worker: all checks passed on %d ranks\n", size_);
+	return failures ? 1 : 0;
+}
