@@ -2,6 +2,8 @@
  * then delegation to ring/. */
 #include "runtime.h"
 
+#include "fusion.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,6 +112,59 @@ static kolo_status_t ring_result(struct kolo_comm *comm, const char *fn, kolo_st
 	return st;
 }
 
+/* One blocking collective, as a closure: run directly on the ring, or, once
+ * the fusion engine owns the ring, on the engine thread at the same point of
+ * every rank's sequence (kolo_engine_run_exclusive). */
+enum coll_kind { C_ALLREDUCE, C_ALLGATHERV, C_BROADCAST, C_REDUCESCATTER, C_ALLTOALLV, C_BARRIER };
+
+struct coll {
+	enum coll_kind kind;
+	const void *send;
+	void *recv;
+	size_t count;
+	const size_t *counts, *rcounts;
+	kolo_dtype_t dtype;
+	kolo_op_t op;
+	double pre, post;
+	int root;
+};
+
+static kolo_status_t coll_exec(void *arg, struct kolo_ring_comm *rc)
+{
+	const struct coll *c = arg;
+	switch (c->kind) {
+	case C_ALLREDUCE:
+		return kolo_ring_allreduce(rc, c->send, c->recv, c->count, c->dtype, c->op, c->pre,
+		                           c->post);
+	case C_ALLGATHERV:
+		return kolo_ring_allgatherv(rc, c->send, c->recv, c->counts, c->dtype);
+	case C_BROADCAST:
+		return kolo_ring_broadcast(rc, c->recv, c->count, c->dtype, c->root);
+	case C_REDUCESCATTER:
+		return kolo_ring_reducescatter(rc, c->send, c->recv, c->counts, c->dtype, c->op,
+		                               c->pre, c->post);
+	case C_ALLTOALLV:
+		return kolo_ring_alltoallv(rc, c->send, c->counts, c->recv, c->rcounts, c->dtype);
+	case C_BARRIER:
+		return kolo_ring_barrier(rc);
+	}
+	return KOLO_EINVAL;
+}
+
+static kolo_status_t run(struct kolo_comm *comm, const char *fn, struct coll *c)
+{
+	pthread_mutex_lock(&comm->engine_lock);
+	struct kolo_engine *e = comm->engine;
+	pthread_mutex_unlock(&comm->engine_lock);
+	if (!e)
+		return ring_result(comm, fn, coll_exec(c, comm->ring));
+	struct kolo_errbuf eb = {{0}};
+	kolo_status_t st = kolo_engine_run_exclusive(e, coll_exec, c, &eb);
+	if (st != KOLO_OK)
+		kolo_comm_fail(comm, st, "%s: %s", fn, eb.msg);
+	return st;
+}
+
 static size_t *counts_alloc(struct kolo_comm *comm, const char *fn)
 {
 	size_t *c = calloc((size_t)comm->assignment.size, sizeof(*c));
@@ -132,9 +187,15 @@ KOLO_API kolo_status_t kolo_allreduce_scaled(kolo_comm_t *comm, const void *send
 	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, count));
 	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf, count));
 	KOLO_CHECK(check_total(comm, fn, count, 1, dtype, &total));
-	return ring_result(comm, fn,
-	                   kolo_ring_allreduce(comm->ring, sendbuf, recvbuf, count, dtype, op,
-	                                       prescale, postscale));
+	return run(comm, fn,
+	           &(struct coll){.kind = C_ALLREDUCE,
+	                          .send = sendbuf,
+	                          .recv = recvbuf,
+	                          .count = count,
+	                          .dtype = dtype,
+	                          .op = op,
+	                          .pre = prescale,
+	                          .post = postscale});
 }
 
 KOLO_API kolo_status_t kolo_allreduce(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
@@ -157,8 +218,12 @@ KOLO_API kolo_status_t kolo_allgatherv(kolo_comm_t *comm, const void *sendbuf, s
 		        fn, sendcount, comm->assignment.rank, recvcounts[comm->assignment.rank]);
 	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, sendcount));
 	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf, total));
-	return ring_result(comm, fn,
-	                   kolo_ring_allgatherv(comm->ring, sendbuf, recvbuf, recvcounts, dtype));
+	return run(comm, fn,
+	           &(struct coll){.kind = C_ALLGATHERV,
+	                          .send = sendbuf,
+	                          .recv = recvbuf,
+	                          .counts = recvcounts,
+	                          .dtype = dtype});
 }
 
 KOLO_API kolo_status_t kolo_allgather(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
@@ -176,9 +241,14 @@ KOLO_API kolo_status_t kolo_allgather(kolo_comm_t *comm, const void *sendbuf, vo
 		return KOLO_ENOMEM;
 	for (int i = 0; i < comm->assignment.size; i++)
 		counts[i] = count;
-	kolo_status_t st = kolo_ring_allgatherv(comm->ring, sendbuf, recvbuf, counts, dtype);
+	kolo_status_t st = run(comm, fn,
+	                       &(struct coll){.kind = C_ALLGATHERV,
+	                                      .send = sendbuf,
+	                                      .recv = recvbuf,
+	                                      .counts = counts,
+	                                      .dtype = dtype});
 	free(counts);
-	return ring_result(comm, fn, st);
+	return st;
 }
 
 KOLO_API kolo_status_t kolo_broadcast(kolo_comm_t *comm, void *buf, size_t count,
@@ -193,7 +263,12 @@ KOLO_API kolo_status_t kolo_broadcast(kolo_comm_t *comm, void *buf, size_t count
 		                      root, comm->assignment.size - 1);
 	KOLO_CHECK(check_buf(comm, fn, "buf", buf, count));
 	KOLO_CHECK(check_total(comm, fn, count, 1, dtype, &total));
-	return ring_result(comm, fn, kolo_ring_broadcast(comm->ring, buf, count, dtype, root));
+	return run(comm, fn,
+	           &(struct coll){.kind = C_BROADCAST,
+	                          .recv = buf,
+	                          .count = count,
+	                          .dtype = dtype,
+	                          .root = root});
 }
 
 KOLO_API kolo_status_t kolo_reducescatter(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
@@ -214,10 +289,17 @@ KOLO_API kolo_status_t kolo_reducescatter(kolo_comm_t *comm, const void *sendbuf
 		return KOLO_ENOMEM;
 	for (int i = 0; i < size; i++)
 		counts[i] = kolo_reducescatter_count(count, size, i);
-	kolo_status_t st =
-	        kolo_ring_reducescatter(comm->ring, sendbuf, recvbuf, counts, dtype, op, 1.0, 1.0);
+	kolo_status_t st = run(comm, fn,
+	                       &(struct coll){.kind = C_REDUCESCATTER,
+	                                      .send = sendbuf,
+	                                      .recv = recvbuf,
+	                                      .counts = counts,
+	                                      .dtype = dtype,
+	                                      .op = op,
+	                                      .pre = 1.0,
+	                                      .post = 1.0});
 	free(counts);
-	return ring_result(comm, fn, st);
+	return st;
 }
 
 KOLO_API kolo_status_t kolo_alltoallv(kolo_comm_t *comm, const void *sendbuf,
@@ -232,9 +314,13 @@ KOLO_API kolo_status_t kolo_alltoallv(kolo_comm_t *comm, const void *sendbuf,
 	KOLO_CHECK(check_counts(comm, fn, "recvcounts", recvcounts, dtype, &rtotal));
 	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, stotal));
 	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf, rtotal));
-	return ring_result(
-	        comm, fn,
-	        kolo_ring_alltoallv(comm->ring, sendbuf, sendcounts, recvbuf, recvcounts, dtype));
+	return run(comm, fn,
+	           &(struct coll){.kind = C_ALLTOALLV,
+	                          .send = sendbuf,
+	                          .recv = recvbuf,
+	                          .counts = sendcounts,
+	                          .rcounts = recvcounts,
+	                          .dtype = dtype});
 }
 
 KOLO_API kolo_status_t kolo_alltoall(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
@@ -252,13 +338,19 @@ KOLO_API kolo_status_t kolo_alltoall(kolo_comm_t *comm, const void *sendbuf, voi
 		return KOLO_ENOMEM;
 	for (int i = 0; i < comm->assignment.size; i++)
 		counts[i] = count;
-	kolo_status_t st = kolo_ring_alltoallv(comm->ring, sendbuf, counts, recvbuf, counts, dtype);
+	kolo_status_t st = run(comm, fn,
+	                       &(struct coll){.kind = C_ALLTOALLV,
+	                                      .send = sendbuf,
+	                                      .recv = recvbuf,
+	                                      .counts = counts,
+	                                      .rcounts = counts,
+	                                      .dtype = dtype});
 	free(counts);
-	return ring_result(comm, fn, st);
+	return st;
 }
 
 KOLO_API kolo_status_t kolo_barrier(kolo_comm_t *comm)
 {
 	CHECK_COMM(comm);
-	return ring_result(comm, "kolo_barrier", kolo_ring_barrier(comm->ring));
+	return run(comm, "kolo_barrier", &(struct coll){.kind = C_BARRIER});
 }

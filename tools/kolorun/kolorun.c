@@ -331,7 +331,7 @@ static void flush_lines(struct worker *w, int which, bool eof)
 	struct stream *s = &w->s[which];
 	size_t start = 0;
 	for (;;) {
-		char *nl = memchr(s->buf + start, '\n', s->len - start);
+		char *nl = s->len > start ? memchr(s->buf + start, '\n', s->len - start) : NULL;
 		size_t end;
 		if (nl)
 			end = (size_t)(nl - s->buf);
