@@ -82,6 +82,8 @@ void kolo_engine_config_from_params(struct kolo_engine_config *cfg)
 	memset(cfg, 0, sizeof(*cfg));
 	int64_t thr = kolo_param_int(KOLO_P_FUSION_THRESHOLD);
 	cfg->fusion_threshold = thr > 0 ? (uint64_t)thr : 0;
+	int64_t direct = kolo_param_int(KOLO_P_FUSION_DIRECT_BYTES);
+	cfg->direct_bytes = direct > 0 ? (uint64_t)direct : 0;
 	cfg->cycle_time_ms = kolo_param_float(KOLO_P_CYCLE_TIME);
 	if (!(cfg->cycle_time_ms >= 0))
 		cfg->cycle_time_ms = 0;

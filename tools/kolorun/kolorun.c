@@ -57,6 +57,8 @@ struct worker {
 
 struct opts {
 	int np, min_np, max_np, settle_ms, grace_ms;
+	bool restart_failed; /* elastic: start a replacement for a failed worker */
+	int max_restarts;
 	const char *rendezvous, *job, *host, *token_file;
 	char **argv;
 };
@@ -88,6 +90,10 @@ static void usage(FILE *f)
 	        "  --token-file F        file holding the job's token (KOLO_TOKEN_FILE)\n"
 	        "  --min-np A            elastic: fewest workers that form a round\n"
 	        "  --max-np B            elastic: most workers in a round\n"
+	        "  --restart-failed      elastic: start a replacement for each worker that "
+	        "fails;\n"
+	        "                        it joins the running job\n"
+	        "  --max-restarts K      at most K replacements in all (default 3)\n"
 	        "  --settle-ms MS        embedded server: settle time (default 200)\n"
 	        "  --grace-ms MS         time between SIGTERM and SIGKILL (default %d)\n"
 	        "  -h, --help            this help\n"
@@ -109,7 +115,19 @@ static int parse_int(const char *s, const char *what, int lo)
 
 static void parse_args(int argc, char **argv, struct opts *o)
 {
-	enum { O_RDZV = 256, O_JOB, O_HOST, O_TOKEN, O_MIN, O_MAX, O_SETTLE, O_GRACE, O_VERSION };
+	enum {
+		O_RDZV = 256,
+		O_JOB,
+		O_HOST,
+		O_TOKEN,
+		O_MIN,
+		O_MAX,
+		O_SETTLE,
+		O_GRACE,
+		O_VERSION,
+		O_RESTART,
+		O_MAX_RESTARTS
+	};
 	static const struct option longs[] = {
 	        {"np", required_argument, NULL, 'n'},
 	        {"rendezvous", required_argument, NULL, O_RDZV},
@@ -120,11 +138,13 @@ static void parse_args(int argc, char **argv, struct opts *o)
 	        {"max-np", required_argument, NULL, O_MAX},
 	        {"settle-ms", required_argument, NULL, O_SETTLE},
 	        {"grace-ms", required_argument, NULL, O_GRACE},
+	        {"restart-failed", no_argument, NULL, O_RESTART},
+	        {"max-restarts", required_argument, NULL, O_MAX_RESTARTS},
 	        {"help", no_argument, NULL, 'h'},
 	        {"version", no_argument, NULL, O_VERSION},
 	        {NULL, 0, NULL, 0},
 	};
-	*o = (struct opts){.np = -1, .settle_ms = 200, .grace_ms = GRACE_MS};
+	*o = (struct opts){.np = -1, .settle_ms = 200, .grace_ms = GRACE_MS, .max_restarts = 3};
 	int c;
 	/* getopt_long_only so that the customary "-np 4" works. */
 	while ((c = getopt_long_only(argc, argv, "+n:h", longs, NULL)) != -1) {
@@ -155,6 +175,12 @@ static void parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case O_GRACE:
 			o->grace_ms = parse_int(optarg, "--grace-ms", 0);
+			break;
+		case O_RESTART:
+			o->restart_failed = true;
+			break;
+		case O_MAX_RESTARTS:
+			o->max_restarts = parse_int(optarg, "--max-restarts", 0);
 			break;
 		case 'h':
 			usage(stdout);
@@ -351,8 +377,10 @@ static void flush_lines(struct worker *w, int which, bool eof)
 		}
 		start = nl ? end + 1 : end;
 	}
-	memmove(s->buf, s->buf + start, s->len - start);
-	s->len -= start;
+	if (start > 0) {
+		memmove(s->buf, s->buf + start, s->len - start);
+		s->len -= start;
+	}
 }
 
 static void read_stream(struct worker *w, int which)
@@ -465,6 +493,8 @@ int main(int argc, char **argv)
 	 * server; with an external one the job spans other launchers too, so
 	 * the server decides and we only need one worker left. */
 	bool elastic = o.min_np < o.max_np || kolo_param_bool(KOLO_P_ELASTIC);
+	if (elastic)
+		env_set(&env, "KOLO_ELASTIC", "1");
 	int min_alive = o.rendezvous ? 1 : o.min_np;
 
 	struct kolo_rdzv_server *server = NULL;
@@ -545,8 +575,11 @@ int main(int argc, char **argv)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 
-	struct worker *ws = calloc((size_t)o.np, sizeof(*ws));
-	struct pollfd *pfds = calloc((size_t)o.np * S_COUNT + 1, sizeof(*pfds));
+	/* Slots: the first np workers, then one per replacement. */
+	int n_slots = o.np, restarts = 0;
+	int cap = o.np + (elastic && o.restart_failed ? o.max_restarts : 0);
+	struct worker *ws = calloc((size_t)cap, sizeof(*ws));
+	struct pollfd *pfds = calloc((size_t)cap * S_COUNT + 1, sizeof(*pfds));
 	if (!ws || !pfds) {
 		perror("kolorun");
 		return 1;
@@ -568,13 +601,11 @@ int main(int argc, char **argv)
 		}
 		running++;
 	}
-	env_free(&env);
-	free(path);
 
 	bool stopping = failed_slot >= 0;
 	uint64_t kill_at = 0, drain_until = 0;
 	if (stopping) {
-		signal_all(ws, o.np, SIGTERM);
+		signal_all(ws, n_slots, SIGTERM);
 		kill_at = kolo_now_ms() + (uint64_t)o.grace_ms;
 	}
 	for (;;) {
@@ -582,7 +613,7 @@ int main(int argc, char **argv)
 		pfds[nfds++] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
 		/* Control pipes first: a rank report precedes the output it labels. */
 		for (int k = S_CTL; k >= 0; k--)
-			for (int i = 0; i < o.np; i++)
+			for (int i = 0; i < n_slots; i++)
 				if (ws[i].s[k].fd >= 0)
 					pfds[nfds++] = (struct pollfd){.fd = ws[i].s[k].fd,
 					                               .events = POLLIN};
@@ -604,7 +635,7 @@ int main(int argc, char **argv)
 		for (int j = 1; rc > 0 && j < nfds; j++) {
 			if (!pfds[j].revents)
 				continue;
-			for (int i = 0; i < o.np; i++)
+			for (int i = 0; i < n_slots; i++)
 				for (int k = 0; k < S_COUNT; k++)
 					if (ws[i].s[k].fd == pfds[j].fd)
 						read_stream(&ws[i], k);
@@ -616,7 +647,7 @@ int main(int argc, char **argv)
 				if (sigs[j] != SIGINT && sigs[j] != SIGTERM)
 					continue;
 				if (stopping) {
-					signal_all(ws, o.np, SIGKILL);
+					signal_all(ws, n_slots, SIGKILL);
 				} else {
 					fprintf(stderr,
 					        "kolorun: got signal %d; stopping the workers\n",
@@ -624,7 +655,7 @@ int main(int argc, char **argv)
 					stopping = true;
 					if (!result)
 						result = 128 + sigs[j];
-					signal_all(ws, o.np, sigs[j]);
+					signal_all(ws, n_slots, sigs[j]);
 					kill_at = kolo_now_ms() + (uint64_t)o.grace_ms;
 				}
 			}
@@ -635,7 +666,7 @@ int main(int argc, char **argv)
 			pid_t pid = waitpid(-1, &status, WNOHANG);
 			if (pid <= 0)
 				break;
-			for (int i = 0; i < o.np; i++) {
+			for (int i = 0; i < n_slots; i++) {
 				if (ws[i].pid != pid)
 					continue;
 				ws[i].pid = 0;
@@ -667,6 +698,29 @@ int main(int argc, char **argv)
 					        "kolorun: elastic job: %d workers remain (min "
 					        "%d)\n",
 					        o.np - n_failed, min_alive);
+					if (o.restart_failed && restarts < o.max_restarts &&
+					    n_slots < cap) {
+						struct worker *nw = &ws[n_slots];
+						nw->slot = n_slots;
+						nw->rank = -1;
+						for (int k = 0; k < S_COUNT; k++)
+							nw->s[k].fd = -1;
+						nw->pid =
+						        spawn(nw, path, o.argv, &env, "/dev/null");
+						if (nw->pid > 0) {
+							restarts++;
+							n_failed--;
+							running++;
+							n_slots++;
+							fprintf(stderr,
+							        "kolorun: started replacement w%d "
+							        "(pid %d; %d of at most %d)\n",
+							        nw->slot, (int)nw->pid, restarts,
+							        o.max_restarts);
+						} else {
+							nw->pid = 0;
+						}
+					}
 					break;
 				}
 				result = code;
@@ -675,7 +729,7 @@ int main(int argc, char **argv)
 				if (running > 0)
 					fprintf(stderr, "kolorun: stopping the other %d workers\n",
 					        running);
-				signal_all(ws, o.np, SIGTERM);
+				signal_all(ws, n_slots, SIGTERM);
 				kill_at = kolo_now_ms() + (uint64_t)o.grace_ms;
 				break;
 			}
@@ -684,11 +738,11 @@ int main(int argc, char **argv)
 			fprintf(stderr,
 			        "kolorun: %d workers still running after %d ms; killing them\n",
 			        running, o.grace_ms);
-			signal_all(ws, o.np, SIGKILL);
+			signal_all(ws, n_slots, SIGKILL);
 			kill_at = 0;
 		}
 	}
-	for (int i = 0; i < o.np; i++) {
+	for (int i = 0; i < n_slots; i++) {
 		for (int k = 0; k < S_COUNT; k++) {
 			if (ws[i].s[k].fd >= 0) {
 				flush_lines(&ws[i], k, true);
@@ -699,6 +753,8 @@ int main(int argc, char **argv)
 	}
 	free(ws);
 	free(pfds);
+	env_free(&env);
+	free(path);
 	kolo_rdzv_server_stop(server);
 	close(sig_pipe[0]);
 	close(sig_pipe[1]);
