@@ -84,6 +84,7 @@ struct kolo_req {
 	struct shm_conn *c;
 	bool send;
 	bool done;
+	uint8_t zero; /* the byte that stands for a zero-length message */
 	uint8_t *buf;
 	size_t len, moved;
 	struct kolo_req *prev, *next; /* in the conn's list for this direction */
@@ -841,6 +842,13 @@ static kolo_status_t post(struct kolo_conn *base, void *buf, size_t len, bool se
 	r->send = send;
 	r->buf = buf;
 	r->len = len;
+	if (len == 0) {
+		/* The rings carry a byte stream; a zero-length message must still
+		 * synchronise (a barrier is made of them), so it travels as one
+		 * byte on both sides (lengths match by contract). */
+		r->buf = &r->zero;
+		r->len = 1;
+	}
 	if (!conn_pending(c))
 		c->last_progress_ns = kolo_now_ns();
 	list_push(send ? &c->sends : &c->recvs, r);
@@ -923,8 +931,14 @@ static kolo_status_t shm_wait(struct kolo_transport *base, int timeout_ms)
 	for (struct shm_conn *c = t->conns; c; c = c->next_conn) {
 		if (c->state != CS_READY)
 			continue;
-		atomic_store(&c->rx->consumer_waiting, 0);
-		atomic_store(&c->tx->producer_waiting, 0);
+		/* wait(0) leaves the wake-ups armed for a caller that then blocks
+		 * in poll() on poll_fd() (the hybrid transport): without them, a
+		 * peer's bytes would not make the fd readable. The cost is a
+		 * wake-up write per message by the peer until our next wait. */
+		if (timeout_ms > 0) {
+			atomic_store(&c->rx->consumer_waiting, 0);
+			atomic_store(&c->tx->producer_waiting, 0);
+		}
 		conn_drain(c);
 	}
 	ab = atomic_load(&t->abort_status);

@@ -177,6 +177,32 @@ START_TEST(irecv_after_arrival)
 }
 END_TEST
 
+/* A zero-length message synchronises like any other: its receive completes
+ * only once the peer has sent it (a barrier is built from them). */
+START_TEST(zero_length_synchronises)
+{
+	struct tt_pair p;
+	tt_pair_open(&p, ops_of(_i), streams_of(_i), 20000);
+	const struct kolo_transport_ops *ops = p.ops;
+	struct kolo_transport *ts[] = {p.a, p.b};
+	for (int round = 0; round < 3; round++) {
+		struct kolo_req *r, *s;
+		ck_assert_int_eq(ops->irecv(p.ba, NULL, 0, &r), KOLO_OK);
+		bool done = false;
+		for (int k = 0; k < 50 && !done; k++) {
+			ck_assert_int_eq(ops->test(r, &done), KOLO_OK);
+			ops->wait(p.a, 1);
+			ops->wait(p.b, 1);
+		}
+		ck_assert_msg(!done, "a zero-length receive completed with nothing sent");
+		ck_assert_int_eq(ops->isend(p.ab, NULL, 0, &s), KOLO_OK);
+		struct kolo_req *reqs[] = {r, s};
+		ck_assert_int_eq(tt_drive(ts, 2, reqs, NULL, 2, 5000), KOLO_OK);
+	}
+	tt_pair_close(&p);
+}
+END_TEST
+
 /* A receive of the wrong length is a protocol error, not silent corruption.
  * (The contract makes equal lengths the caller's duty; TCP checks it.) */
 START_TEST(length_mismatch)
@@ -460,6 +486,7 @@ static Suite *conformance_suite(void)
 	tcase_add_loop_test(tc, ordered_sizes, 0, 2 * n);
 	tcase_add_loop_test(tc, many_outstanding, 0, 2 * n);
 	tcase_add_loop_test(tc, irecv_after_arrival, 0, 2 * n);
+	tcase_add_loop_test(tc, zero_length_synchronises, 0, 2 * n);
 	tcase_add_loop_test(tc, length_mismatch, 0, 2); /* TCP only */
 	tcase_add_loop_test(tc, abort_wakes_wait, 0, n);
 	tcase_add_loop_test(tc, close_fails_peer, 0, 2 * n);
