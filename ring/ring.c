@@ -38,7 +38,16 @@ struct kolo_ring_comm {
 	size_t scratch_size;
 	char *work; /* reducescatter's working copy, kept for the next call */
 	size_t work_size;
+	int *gmap;                   /* sub-comm: global rank of each member; NULL: identity */
+	int tag;                     /* transport tag of every conn of this comm */
+	struct kolo_ring_hier *hier; /* hierarchical allreduce; NULL when not enabled */
 };
+
+/* The transport's (global) rank of member i. */
+static int gr(const struct kolo_ring_comm *rc, int i)
+{
+	return rc->gmap ? rc->gmap[i] : i;
+}
 
 /* ---- failure ---------------------------------------------------------- */
 
@@ -65,7 +74,7 @@ fail(struct kolo_ring_comm *rc, kolo_status_t st, const char *fmt, ...)
 		vsnprintf(msg, sizeof(msg), fmt, ap);
 		va_end(ap);
 		snprintf(rc->err.msg, sizeof(rc->err.msg), "%.32s on rank %d: %s (%.20s)", rc->coll,
-		         rc->rank, msg, kolo_status_name(st));
+		         gr(rc, rc->rank), msg, kolo_status_name(st));
 		KOLO_WARN(SUBSYS, "%s", rc->err.msg);
 		close_all(rc);
 	}
@@ -76,12 +85,12 @@ static kolo_status_t peer_fail(struct kolo_ring_comm *rc, kolo_status_t st, int 
                                const char *what)
 {
 	if (atomic_load(&rc->aborted) != KOLO_OK)
-		return fail(rc, st, "aborted while %s rank %d", what, peer);
+		return fail(rc, st, "aborted while %s rank %d", what, gr(rc, peer));
 	if (atomic_load(&rc->status) == KOLO_OK) {
 		int none = -1;
-		atomic_compare_exchange_strong(&rc->failed_peer, &none, peer);
+		atomic_compare_exchange_strong(&rc->failed_peer, &none, gr(rc, peer));
 	}
-	return fail(rc, st, "%s rank %d: %s", what, peer,
+	return fail(rc, st, "%s rank %d: %s", what, gr(rc, peer),
 	            rc->t->err.msg[0] ? rc->t->err.msg : kolo_strerror(st));
 }
 
@@ -91,7 +100,7 @@ static kolo_status_t blame(struct kolo_ring_comm *rc, kolo_status_t st, int peer
 {
 	if (st == KOLO_ETIMEDOUT && atomic_load(&rc->aborted) == KOLO_OK) {
 		int none = -1;
-		atomic_compare_exchange_strong(&rc->failed_peer, &none, peer);
+		atomic_compare_exchange_strong(&rc->failed_peer, &none, gr(rc, peer));
 	}
 	return st;
 }
@@ -178,7 +187,7 @@ static kolo_status_t wait_all(struct kolo_ring_comm *rc, struct kolo_req **reqs,
 				int none = -1;
 				if (reqs[i]) {
 					atomic_compare_exchange_strong(&rc->failed_peer, &none,
-					                               peers[i]);
+					                               gr(rc, peers[i]));
 					break;
 				}
 			}
@@ -204,8 +213,6 @@ static kolo_status_t exchange(struct kolo_ring_comm *rc, int peer, const void *s
 }
 
 /* ---- conns ------------------------------------------------------------ */
-
-#define KOLO_RING_TAG 0
 
 /* Sends a zero-byte message to and receives one from each of peers[0..n),
  * all at once, and waits. */
@@ -256,12 +263,12 @@ static kolo_status_t ensure_conns(struct kolo_ring_comm *rc, const int *peers, i
 		if (p == rc->rank || rc->conns[p] || p < rc->rank)
 			continue;
 		struct kolo_transport_handle h;
-		st = rc->cfg.lookup(rc->cfg.lookup_ctx, p, &h, rc->cfg.timeout_ms);
+		st = rc->cfg.lookup(rc->cfg.lookup_ctx, gr(rc, p), &h, rc->cfg.timeout_ms);
 		if (st != KOLO_OK) {
-			st = fail(rc, st, "cannot look up the address of rank %d", p);
+			st = fail(rc, st, "cannot look up the address of rank %d", gr(rc, p));
 			goto out;
 		}
-		st = ops->connect(rc->t, &h, p, KOLO_RING_TAG, &rc->conns[p]);
+		st = ops->connect(rc->t, &h, gr(rc, p), rc->tag, &rc->conns[p]);
 		if (st != KOLO_OK) {
 			rc->conns[p] = NULL;
 			st = peer_fail(rc, st, p, "connecting to");
@@ -275,7 +282,7 @@ static kolo_status_t ensure_conns(struct kolo_ring_comm *rc, const int *peers, i
 		waiter_init(&w);
 		bool accepted = false;
 		while (p < rc->rank && !rc->conns[p]) {
-			st = ops->accept(rc->t, p, KOLO_RING_TAG, &rc->conns[p]);
+			st = ops->accept(rc->t, gr(rc, p), rc->tag, &rc->conns[p]);
 			if (st != KOLO_OK) {
 				rc->conns[p] = NULL;
 				st = peer_fail(rc, st, p, "accepting from");
@@ -329,6 +336,15 @@ kolo_status_t kolo_ring_comm_create(const struct kolo_ring_config *cfg, struct k
 	if (!rc)
 		return kolo_fail(eb, KOLO_ENOMEM, "ring: out of memory");
 	rc->cfg = *cfg;
+	rc->cfg.ranks = NULL; /* not kept: the copy is gmap */
+	rc->tag = KOLO_RING_TAG + cfg->tag_base;
+	if (cfg->ranks) {
+		if (!(rc->gmap = malloc((size_t)cfg->size * sizeof(*rc->gmap)))) {
+			free(rc);
+			return kolo_fail(eb, KOLO_ENOMEM, "ring: out of memory");
+		}
+		memcpy(rc->gmap, cfg->ranks, (size_t)cfg->size * sizeof(*rc->gmap));
+	}
 	if (rc->cfg.segment_bytes == 0)
 		rc->cfg.segment_bytes = 262144;
 	if (rc->cfg.spin_us < 0)
@@ -342,6 +358,7 @@ kolo_status_t kolo_ring_comm_create(const struct kolo_ring_config *cfg, struct k
 	rc->coll = "create";
 	rc->conns = calloc((size_t)rc->size, sizeof(*rc->conns));
 	if (!rc->conns) {
+		free(rc->gmap);
 		free(rc);
 		return kolo_fail(eb, KOLO_ENOMEM, "ring: out of memory");
 	}
@@ -362,9 +379,11 @@ void kolo_ring_comm_destroy(struct kolo_ring_comm *rc)
 {
 	if (!rc)
 		return;
+	kolo_ring_hier_destroy(rc->hier);
 	if (rc->conns)
 		close_all(rc);
 	free(rc->conns);
+	free(rc->gmap);
 	free(rc->scratch);
 	free(rc->work);
 	free(rc);
@@ -398,8 +417,75 @@ void kolo_ring_abort(struct kolo_ring_comm *rc, kolo_status_t st)
 		st = KOLO_ECLOSED;
 	int expected = KOLO_OK;
 	atomic_compare_exchange_strong(&rc->aborted, &expected, (int)st);
+	kolo_ring_hier_abort(rc->hier, st);
 	if (rc->t)
 		rc->t->ops->abort(rc->t, st);
+}
+
+kolo_status_t kolo_ring_comm_fail(struct kolo_ring_comm *rc, kolo_status_t st, int failed_peer,
+                                  const char *msg)
+{
+	if (!rc)
+		return st;
+	if (failed_peer >= 0 && atomic_load(&rc->status) == KOLO_OK) {
+		int none = -1;
+		atomic_compare_exchange_strong(&rc->failed_peer, &none, failed_peer);
+	}
+	if (st == KOLO_OK)
+		st = KOLO_ECLOSED;
+	int expected = KOLO_OK;
+	if (atomic_compare_exchange_strong(&rc->status, &expected, (int)st)) {
+		/* msg already names the collective, the rank and the cause. */
+		snprintf(rc->err.msg, sizeof(rc->err.msg), "%s", msg);
+		close_all(rc);
+	}
+	kolo_status_t out = (kolo_status_t)atomic_load(&rc->status);
+	kolo_ring_hier_fail(rc->hier, out);
+	return out;
+}
+
+kolo_status_t kolo_ring_comm_status(const struct kolo_ring_comm *rc)
+{
+	return rc ? (kolo_status_t)atomic_load(&rc->status) : KOLO_EINVAL;
+}
+
+int kolo_ring_comm_rank(const struct kolo_ring_comm *rc)
+{
+	return rc ? rc->rank : -1;
+}
+
+int kolo_ring_comm_size(const struct kolo_ring_comm *rc)
+{
+	return rc ? rc->size : 0;
+}
+
+struct kolo_transport *kolo_ring_comm_transport(const struct kolo_ring_comm *rc)
+{
+	return rc ? rc->t : NULL;
+}
+
+const struct kolo_ring_config *kolo_ring_comm_config(const struct kolo_ring_comm *rc)
+{
+	return &rc->cfg;
+}
+
+enum kolo_ring_algo kolo_ring_allreduce_algo(const struct kolo_ring_comm *rc, size_t bytes)
+{
+	if (rc->hier)
+		return kolo_ring_hier_choose(rc->hier, bytes);
+	return bytes <= rc->cfg.small_allreduce_bytes ? KOLO_RING_ALGO_SMALL : KOLO_RING_ALGO_RING;
+}
+
+bool kolo_ring_hier_costs(const struct kolo_ring_comm *rc, struct kolo_ring_link_cost *shm,
+                          struct kolo_ring_link_cost *net)
+{
+	return rc && kolo_ring_hier_costs_of(rc->hier, shm, net);
+}
+
+void kolo_ring_comm_set_hier(struct kolo_ring_comm *rc, struct kolo_ring_hier *h)
+{
+	kolo_ring_hier_destroy(rc->hier);
+	rc->hier = h;
 }
 
 /* An argument error: reported, but the comm stays usable. */
@@ -645,7 +731,17 @@ kolo_status_t kolo_ring_allreduce(struct kolo_ring_comm *rc, const void *sendbuf
 		postscale /= n;
 	if (count == 0)
 		return KOLO_OK;
-	if (n == 1 || count * es <= rc->cfg.small_allreduce_bytes) {
+	enum kolo_ring_algo algo = kolo_ring_allreduce_algo(rc, count * es);
+	if (algo == KOLO_RING_ALGO_HIER) {
+		kolo_status_t st = kolo_ring_hier_allreduce(
+		        rc->hier, sendbuf, recvbuf, count, dtype,
+		        op == KOLO_AVERAGE ? KOLO_SUM : op, prescale, postscale);
+		if (st != KOLO_OK)
+			return kolo_ring_comm_fail(rc, st, kolo_ring_hier_failed_peer(rc->hier),
+			                           kolo_ring_hier_last_error(rc->hier));
+		return KOLO_OK;
+	}
+	if (n == 1 || algo == KOLO_RING_ALGO_SMALL) {
 		kolo_scale(recvbuf, sendbuf, count, dtype, prescale);
 		if (n > 1)
 			KOLO_CHECK(allreduce_rd(rc, recvbuf, count, dtype, op));

@@ -45,7 +45,15 @@ struct kolo_ring_config {
 	size_t segment_bytes;         /* pipeline segment of the ring */
 	int timeout_ms;               /* connection set-up and progress */
 	int spin_us;                  /* spin before blocking in transport wait */
+	/* Sub-comms (optional; zero/NULL for a comm of every rank): ranks[i] is the
+	 * transport (global) rank of member i, increasing; copied. tag_base is added
+	 * to the conns' tag, so that comms over one transport never share a conn.
+	 * lookup is called with global ranks; messages and failed_peer name them. */
+	const int *ranks;
+	int tag_base;
 };
+
+#define KOLO_RING_TAG 0 /* tag of a comm's conns, plus its tag_base */
 
 struct kolo_ring_comm;
 
@@ -88,5 +96,78 @@ kolo_status_t kolo_ring_alltoallv(struct kolo_ring_comm *rc, const void *sendbuf
                                   const size_t *sendcounts, void *recvbuf, const size_t *recvcounts,
                                   kolo_dtype_t dtype);
 kolo_status_t kolo_ring_barrier(struct kolo_ring_comm *rc);
+
+/* ---- comm internals for the layers above ------------------------------ */
+
+/* Fails the comm with st (the first failure wins) as if one of its own conns
+ * had failed: records msg and failed_peer (a global rank, or -1) and resets
+ * every conn so its peers fail fast. Returns the comm's status. */
+kolo_status_t kolo_ring_comm_fail(struct kolo_ring_comm *rc, kolo_status_t st, int failed_peer,
+                                  const char *msg);
+/* KOLO_OK, or the status of the failure every later call returns. */
+kolo_status_t kolo_ring_comm_status(const struct kolo_ring_comm *rc);
+int kolo_ring_comm_rank(const struct kolo_ring_comm *rc); /* index in the comm */
+int kolo_ring_comm_size(const struct kolo_ring_comm *rc);
+struct kolo_transport *kolo_ring_comm_transport(const struct kolo_ring_comm *rc);
+/* The comm's configuration (thresholds as last tuned). */
+const struct kolo_ring_config *kolo_ring_comm_config(const struct kolo_ring_comm *rc);
+
+/* ---- hierarchical allreduce (hier.c; docs/hierarchical.md) --------------- */
+
+/* Cost of one kind of link, α–β: a message of b bytes takes
+ * alpha_us + b / (gbytes_per_s * 1e3) microseconds. */
+struct kolo_ring_link_cost {
+	double alpha_us;
+	double gbytes_per_s;
+};
+
+enum kolo_ring_hier_mode { KOLO_RING_HIER_OFF = 0, KOLO_RING_HIER_ON = 1, KOLO_RING_HIER_AUTO = 2 };
+enum kolo_ring_algo { KOLO_RING_ALGO_RING, KOLO_RING_ALGO_SMALL, KOLO_RING_ALGO_HIER };
+
+struct kolo_ring_hier_config {
+	enum kolo_ring_hier_mode mode;
+	/* Homogeneous hosts: local_size ranks on each of cross_size hosts, ranks
+	 * contiguous per host (rank = host index * local_size + local rank). */
+	int local_size, cross_size;
+	struct kolo_ring_link_cost shm; /* between ranks of one host */
+	struct kolo_ring_link_cost net; /* one host's link to the others */
+	bool probe;       /* measure both costs at enable (then agreed by a MAX allreduce) */
+	bool small_model; /* set the small-message thresholds from the model, not the config */
+};
+
+struct kolo_ring_hier;
+
+/* Collective over every rank of rc (which must have size local_size *
+ * cross_size > 1): builds the local and cross sub-comms over rc's transport
+ * (tag_base + 1 and + 2), optionally probes the link costs, and attaches them
+ * so that kolo_ring_allreduce on rc picks flat ring, small-message or
+ * hierarchical by the cost model. rc owns them from then on. */
+kolo_status_t kolo_ring_hier_enable(struct kolo_ring_comm *rc,
+                                    const struct kolo_ring_hier_config *hc, struct kolo_errbuf *eb);
+/* The algorithm kolo_ring_allreduce on rc would use for `bytes`; RING or
+ * SMALL when no hierarchy is attached. Pure: the same on every rank. */
+enum kolo_ring_algo kolo_ring_allreduce_algo(const struct kolo_ring_comm *rc, size_t bytes);
+/* The costs in use (measured or configured); false when none attached. */
+bool kolo_ring_hier_costs(const struct kolo_ring_comm *rc, struct kolo_ring_link_cost *shm,
+                          struct kolo_ring_link_cost *net);
+/* The model's predicted time in µs of one allreduce of `bytes` by algo on n =
+ * local * cross ranks (local or cross may be 1). Unit-tested; documented. */
+double kolo_ring_cost_model(enum kolo_ring_algo algo, size_t bytes, int local, int cross,
+                            const struct kolo_ring_link_cost *shm,
+                            const struct kolo_ring_link_cost *net);
+
+/* Used by ring.c only. */
+void kolo_ring_comm_set_hier(struct kolo_ring_comm *rc, struct kolo_ring_hier *h);
+enum kolo_ring_algo kolo_ring_hier_choose(const struct kolo_ring_hier *h, size_t bytes);
+kolo_status_t kolo_ring_hier_allreduce(struct kolo_ring_hier *h, const void *sendbuf, void *recvbuf,
+                                       size_t count, kolo_dtype_t dtype, kolo_op_t op,
+                                       double prescale, double postscale);
+const char *kolo_ring_hier_last_error(const struct kolo_ring_hier *h);
+int kolo_ring_hier_failed_peer(const struct kolo_ring_hier *h);
+void kolo_ring_hier_fail(struct kolo_ring_hier *h, kolo_status_t st);
+void kolo_ring_hier_abort(struct kolo_ring_hier *h, kolo_status_t st);
+void kolo_ring_hier_destroy(struct kolo_ring_hier *h);
+bool kolo_ring_hier_costs_of(const struct kolo_ring_hier *h, struct kolo_ring_link_cost *shm,
+                             struct kolo_ring_link_cost *net);
 
 #endif /* KOLO_RING_H */

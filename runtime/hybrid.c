@@ -232,8 +232,11 @@ static kolo_status_t hybrid_wait(struct kolo_transport *t, int timeout_ms)
 	int fl = h->local->ops->poll_fd ? h->local->ops->poll_fd(h->local) : -1;
 	int fn = h->net->ops->poll_fd ? h->net->ops->poll_fd(h->net) : -1;
 	if (fl >= 0 && fn >= 0) {
+		/* The local wait(0) above may itself have completed requests
+		 * without making its fd readable: sleep 1 ms at most, so that
+		 * the caller sees them soon. */
 		struct pollfd p[2] = {{.fd = fl, .events = POLLIN}, {.fd = fn, .events = POLLIN}};
-		poll(p, 2, timeout_ms);
+		poll(p, 2, KOLO_MIN(timeout_ms, 1));
 		return KOLO_OK;
 	}
 	/* Without pollable fds, share the time between the two. */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "fusion.h"
@@ -96,9 +97,67 @@ static kolo_status_t lookup_peer(void *ctx, int rank, struct kolo_transport_hand
 	return KOLO_OK;
 }
 
+/* true when param names a value meaning "off" / "on". */
+static bool param_is(enum kolo_param_id id, const char *a, const char *b, const char *c)
+{
+	const char *v = kolo_param_str(id);
+	return strcasecmp(v, a) == 0 || strcasecmp(v, b) == 0 || strcasecmp(v, c) == 0;
+}
+
+/* Hierarchical allreduce (docs/hierarchical.md) when there are several hosts
+ * with the same number of ranks each, contiguous per host. Every rank sees
+ * the same members, so every rank decides alike. */
+static kolo_status_t hier_setup(struct kolo_comm *comm)
+{
+	const struct kolo_rdzv_assignment *a = &comm->assignment;
+	const int n = a->size, L = a->local_size, H = a->cross_size;
+	if (param_is(KOLO_P_HIERARCHICAL, "0", "off", "false") || L < 2 || H < 2 || L * H != n)
+		return KOLO_OK;
+	const char **host = calloc((size_t)n, sizeof(*host));
+	if (!host)
+		return kolo_comm_fail(comm, KOLO_ENOMEM, "out of memory");
+	for (int i = 0; i < a->n_members; i++)
+		if (a->members[i].rank >= 0 && a->members[i].rank < n)
+			host[a->members[i].rank] = a->members[i].host;
+	bool even = true;
+	for (int r = 0; r < n && even; r++)
+		even = host[r] && strcmp(host[r], host[r - r % L]) == 0 &&
+		       (r % L != 0 || r == 0 || strcmp(host[r], host[r - L]) != 0);
+	free(host);
+	if (!even) {
+		KOLO_INFO(SUBSYS, "hosts hold different numbers of ranks: flat allreduce only");
+		return KOLO_OK;
+	}
+	bool on = param_is(KOLO_P_HIERARCHICAL, "1", "on", "true");
+	struct kolo_ring_hier_config hc = {
+	        .mode = on ? KOLO_RING_HIER_ON : KOLO_RING_HIER_AUTO,
+	        .local_size = L,
+	        .cross_size = H,
+	        .shm = {kolo_param_float(KOLO_P_COST_SHM_US),
+	                kolo_param_float(KOLO_P_COST_SHM_GBPS)},
+	        .net = {kolo_param_float(KOLO_P_COST_NET_US),
+	                kolo_param_float(KOLO_P_COST_NET_GBPS)},
+	        .probe = !on && kolo_param_bool(KOLO_P_COST_PROBE),
+	        .small_model =
+	                strcmp(kolo_param_source(KOLO_P_SMALL_ALLREDUCE_BYTES), "default") == 0,
+	};
+	struct kolo_errbuf eb = {{0}};
+	kolo_status_t st = kolo_ring_hier_enable(comm->ring, &hc, &eb);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "connecting the hierarchy: %s", eb.msg);
+	struct kolo_ring_link_cost shm, net;
+	kolo_ring_hier_costs(comm->ring, &shm, &net);
+	KOLO_INFO(SUBSYS,
+	          "hierarchical allreduce %s: %d hosts x %d ranks; shm %.1f us %.2f GB/s, net %.1f "
+	          "us %.3f GB/s (%s)",
+	          on ? "on" : "auto", H, L, shm.alpha_us, shm.gbytes_per_s, net.alpha_us,
+	          net.gbytes_per_s, hc.probe ? "measured" : "configured");
+	return KOLO_OK;
+}
+
 /* Creates the data plane for the current assignment: transport, its
  * published address, the ring. */
-static kolo_status_t data_plane_create(struct kolo_comm *comm)
+kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
 {
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
 	char route_to[KOLO_RDZV_HOST_MAX];
@@ -167,6 +226,8 @@ static kolo_status_t data_plane_create(struct kolo_comm *comm)
 	st = kolo_ring_comm_create(&rc, &comm->ring, &eb);
 	if (st != KOLO_OK)
 		return kolo_comm_fail(comm, st, "connecting the ring: %s", eb.msg);
+	if ((st = hier_setup(comm)) != KOLO_OK)
+		return st;
 	return KOLO_OK;
 }
 
@@ -174,6 +235,7 @@ static void comm_free(struct kolo_comm *comm)
 {
 	if (!comm)
 		return;
+	kolo_runtime_elastic_stop(comm);
 	kolo_engine_destroy(comm->engine);
 	kolo_ring_comm_destroy(comm->ring);
 	if (comm->transport)
@@ -181,6 +243,7 @@ static void comm_free(struct kolo_comm *comm)
 	kolo_rdzv_client_destroy(comm->rdzv);
 	kolo_rdzv_assignment_fini(&comm->assignment);
 	pthread_mutex_destroy(&comm->engine_lock);
+	pthread_mutex_destroy(&comm->elastic_lock);
 	if (comm->token) {
 		memset(comm->token, 0, strlen(comm->token));
 		free(comm->token);
@@ -215,6 +278,7 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 		return KOLO_ENOMEM;
 	}
 	pthread_mutex_init(&comm->engine_lock, NULL);
+	pthread_mutex_init(&comm->elastic_lock, NULL);
 	kolo_status_t st;
 	const char *url = kolo_param_str(KOLO_P_RENDEZVOUS);
 	if (!url[0])
@@ -260,7 +324,9 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	          "round %" PRId64 ": rank %d of %d, local %d of %d, cross %d of %d (worker %s)",
 	          a->round, a->rank, a->size, a->local_rank, a->local_size, a->cross_rank,
 	          a->cross_size, kolo_rdzv_worker_id(comm->rdzv));
-	if ((st = data_plane_create(comm)) != KOLO_OK)
+	if ((st = kolo_runtime_data_plane_create(comm)) != KOLO_OK)
+		return init_fail(comm, st);
+	if ((st = kolo_runtime_elastic_start(comm)) != KOLO_OK)
 		return init_fail(comm, st);
 	*out = comm;
 	return KOLO_OK;
@@ -314,6 +380,7 @@ KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm)
 {
 	if (!comm)
 		return KOLO_OK;
+	kolo_runtime_elastic_stop(comm);
 	/* The engine owns the ring while it runs: stop it first. */
 	kolo_engine_destroy(comm->engine);
 	comm->engine = NULL;

@@ -1,0 +1,377 @@
+/* Hierarchical allreduce over two sub-comms of the same transport, and the
+ * α–β cost model that chooses between it, the flat ring and the
+ * small-message algorithm. docs/hierarchical.md describes both.
+ *
+ * With L ranks on each of H hosts (rank = host * L + local rank):
+ *   1. reduce-scatter inside the host over the local comm (L members, shared
+ *      memory): local rank l ends with block l of the host's sum;
+ *   2. allreduce of block l across hosts over the cross comm (the H ranks
+ *      whose local rank is l, network): L such rings run at once, one per
+ *      local rank, each carrying 1/L of the data;
+ *   3. allgather inside the host over the local comm.
+ * Every reduction happens in a fixed order that does not depend on the rank
+ * that computes it, and each block's final value is computed once per cross
+ * comm by a deterministic collective, so every rank ends with identical bits. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ring.h"
+
+#define SUBSYS            "ring"
+#define PROBE_SMALL_ITERS 20
+#define PROBE_BIG_ITERS   2
+#define PROBE_BIG_BYTES   (1u << 20)
+
+struct kolo_ring_hier {
+	struct kolo_ring_comm *parent; /* the flat comm of every rank; not owned */
+	struct kolo_ring_comm *local;  /* the ranks of this host */
+	struct kolo_ring_comm *cross;  /* the ranks with this local rank */
+	struct kolo_ring_hier_config cfg;
+	int L, H;
+	size_t *counts; /* L entries: the block of each local rank */
+	atomic_int failed_peer;
+	struct kolo_errbuf err;
+};
+
+/* ---- the cost model --------------------------------------------------- */
+
+static double xfer(double bytes, const struct kolo_ring_link_cost *c)
+{
+	double g = c->gbytes_per_s > 0 ? c->gbytes_per_s : 1e-3;
+	return c->alpha_us + bytes / (g * 1e3);
+}
+
+static int ceil_log2(int n)
+{
+	int k = 0;
+	while ((1 << k) < n)
+		k++;
+	return k;
+}
+
+static bool is_pow2(int n)
+{
+	return n > 0 && (n & (n - 1)) == 0;
+}
+
+/* Recursive doubling over n ranks, of which groups of `flows` share one link
+ * when a round crosses it; `first_local` rounds stay inside a host. */
+static double rd_cost(double S, int n, int first_local, int flows,
+                      const struct kolo_ring_link_cost *shm, const struct kolo_ring_link_cost *net)
+{
+	if (n <= 1)
+		return 0;
+	int pof2 = 1;
+	while (pof2 * 2 <= n)
+		pof2 *= 2;
+	int rounds = ceil_log2(pof2);
+	double t = 0;
+	for (int k = 0; k < rounds; k++)
+		t += k < first_local ? xfer(S, shm) : xfer(S * flows, net);
+	if (pof2 < n) /* the fold in and the result back out */
+		t += 2 * (first_local > 0 ? xfer(S, shm) : xfer(S, net));
+	return t;
+}
+
+/* Pipelined ring over n ranks whose slowest hop is `link`, shared by
+ * `flows` rings at once. */
+static double ring_cost(double S, int n, int flows, const struct kolo_ring_link_cost *link)
+{
+	if (n <= 1)
+		return 0;
+	return 2.0 * (n - 1) * xfer(S / n * flows, link);
+}
+
+double kolo_ring_cost_model(enum kolo_ring_algo algo, size_t bytes, int local, int cross,
+                            const struct kolo_ring_link_cost *shm,
+                            const struct kolo_ring_link_cost *net)
+{
+	const double S = (double)bytes;
+	const int L = KOLO_MAX(local, 1), H = KOLO_MAX(cross, 1), n = L * H;
+	/* The first lg L rounds of recursive doubling pair ranks of one host
+	 * when L is a power of two (ranks are contiguous per host). */
+	const int rd_local = H == 1 ? ceil_log2(n) : (is_pow2(L) ? ceil_log2(L) : 0);
+	switch (algo) {
+	case KOLO_RING_ALGO_SMALL:
+		return rd_cost(S, n, rd_local, L, shm, net);
+	case KOLO_RING_ALGO_RING:
+		/* One flow per host link and direction: ring neighbours on other
+		 * hosts are only the first and last rank of each host. */
+		return ring_cost(S, n, 1, H > 1 ? net : shm);
+	case KOLO_RING_ALGO_HIER: {
+		/* Reduce-scatter and allgather inside the host, then L cross
+		 * allreduces of S / L at once over the host's link. */
+		double x = S / L, t = L > 1 ? 2.0 * (L - 1) * xfer(x, shm) : 0;
+		double c_ring = ring_cost(x, H, L, net), c_rd = rd_cost(x, H, 0, L, shm, net);
+		return t + KOLO_MIN(c_ring, c_rd);
+	}
+	}
+	return INFINITY;
+}
+
+/* The largest power of two ≤ 1 GiB for which recursive doubling is
+ * predicted no slower than the ring; 0 when it never is. */
+static size_t small_crossover(int local, int cross, bool hier_cross,
+                              const struct kolo_ring_link_cost *shm,
+                              const struct kolo_ring_link_cost *net)
+{
+	size_t best = 0;
+	for (size_t b = 8; b <= ((size_t)1 << 30); b *= 2) {
+		double rd, ring;
+		if (hier_cross) { /* the cross comm of a hierarchy: L rings share the link */
+			rd = rd_cost((double)b, cross, 0, local, shm, net);
+			ring = ring_cost((double)b, cross, local, net);
+		} else {
+			rd = kolo_ring_cost_model(KOLO_RING_ALGO_SMALL, b, local, cross, shm, net);
+			ring = kolo_ring_cost_model(KOLO_RING_ALGO_RING, b, local, cross, shm, net);
+		}
+		if (rd <= ring)
+			best = b;
+	}
+	return best;
+}
+
+enum kolo_ring_algo kolo_ring_hier_choose(const struct kolo_ring_hier *h, size_t bytes)
+{
+	if (h->cfg.mode == KOLO_RING_HIER_ON)
+		return KOLO_RING_ALGO_HIER;
+	const struct kolo_ring_config *pc = kolo_ring_comm_config(h->parent);
+	if (!h->cfg.small_model && bytes <= pc->small_allreduce_bytes)
+		return KOLO_RING_ALGO_SMALL;
+	double best = INFINITY;
+	enum kolo_ring_algo algo = KOLO_RING_ALGO_RING;
+	for (int a = KOLO_RING_ALGO_RING; a <= KOLO_RING_ALGO_HIER; a++) {
+		if (a == KOLO_RING_ALGO_SMALL && !h->cfg.small_model)
+			continue;
+		if (a == KOLO_RING_ALGO_HIER && h->cfg.mode == KOLO_RING_HIER_OFF)
+			continue;
+		double t = kolo_ring_cost_model((enum kolo_ring_algo)a, bytes, h->L, h->H,
+		                                &h->cfg.shm, &h->cfg.net);
+		if (t < best) {
+			best = t;
+			algo = (enum kolo_ring_algo)a;
+		}
+	}
+	return algo;
+}
+
+/* ---- the allreduce ---------------------------------------------------- */
+
+static kolo_status_t sub_fail(struct kolo_ring_hier *h, struct kolo_ring_comm *sub,
+                              kolo_status_t st)
+{
+	int none = -1;
+	atomic_compare_exchange_strong(&h->failed_peer, &none, kolo_ring_failed_peer(sub));
+	snprintf(h->err.msg, sizeof(h->err.msg), "hierarchical: %s", kolo_ring_last_error(sub));
+	/* The other sub-comm's peers may wait on us: reset its conns too. */
+	kolo_ring_hier_fail(h, st);
+	return st;
+}
+
+kolo_status_t kolo_ring_hier_allreduce(struct kolo_ring_hier *h, const void *sendbuf, void *recvbuf,
+                                       size_t count, kolo_dtype_t dtype, kolo_op_t op,
+                                       double prescale, double postscale)
+{
+	const int L = h->L, l = kolo_ring_comm_rank(h->local);
+	const size_t es = kolo_dtype_size(dtype);
+	size_t off = 0;
+	for (int i = 0; i < L; i++) {
+		h->counts[i] = kolo_reducescatter_count(count, L, i);
+		if (i < l)
+			off += h->counts[i];
+	}
+	char *blk = (char *)recvbuf + off * es;
+	kolo_status_t st = kolo_ring_reducescatter(h->local, sendbuf, blk, h->counts, dtype, op,
+	                                           prescale, 1.0);
+	if (st != KOLO_OK)
+		return sub_fail(h, h->local, st);
+	st = kolo_ring_allreduce(h->cross, blk, blk, h->counts[l], dtype, op, 1.0, postscale);
+	if (st != KOLO_OK)
+		return sub_fail(h, h->cross, st);
+	st = kolo_ring_allgatherv(h->local, blk, recvbuf, h->counts, dtype);
+	if (st != KOLO_OK)
+		return sub_fail(h, h->local, st);
+	return KOLO_OK;
+}
+
+const char *kolo_ring_hier_last_error(const struct kolo_ring_hier *h)
+{
+	return h ? h->err.msg : "";
+}
+
+int kolo_ring_hier_failed_peer(const struct kolo_ring_hier *h)
+{
+	return h ? atomic_load(&h->failed_peer) : -1;
+}
+
+void kolo_ring_hier_fail(struct kolo_ring_hier *h, kolo_status_t st)
+{
+	if (!h)
+		return;
+	const char *why = h->err.msg[0] ? h->err.msg : "another comm of this rank failed";
+	if (kolo_ring_comm_status(h->local) == KOLO_OK)
+		kolo_ring_comm_fail(h->local, st, -1, why);
+	if (kolo_ring_comm_status(h->cross) == KOLO_OK)
+		kolo_ring_comm_fail(h->cross, st, -1, why);
+}
+
+void kolo_ring_hier_abort(struct kolo_ring_hier *h, kolo_status_t st)
+{
+	if (!h)
+		return;
+	kolo_ring_abort(h->local, st);
+	kolo_ring_abort(h->cross, st);
+}
+
+void kolo_ring_hier_destroy(struct kolo_ring_hier *h)
+{
+	if (!h)
+		return;
+	kolo_ring_comm_destroy(h->local);
+	kolo_ring_comm_destroy(h->cross);
+	free(h->counts);
+	free(h);
+}
+
+/* ---- set-up and the probe --------------------------------------------- */
+
+/* Mean µs of one allreduce of `bytes` on rc (thresholds forced by small). */
+static kolo_status_t time_allreduce(struct kolo_ring_comm *rc, char *buf, size_t bytes, bool small,
+                                    int iters, double *us)
+{
+	const struct kolo_ring_config *c = kolo_ring_comm_config(rc);
+	size_t keep = c->small_allreduce_bytes;
+	kolo_ring_comm_tune(rc, small ? SIZE_MAX : 0, 0);
+	size_t count = bytes / sizeof(float);
+	kolo_status_t st = kolo_ring_allreduce(rc, buf, buf, count, KOLO_FLOAT32, KOLO_MAX, 1, 1);
+	uint64_t t0 = kolo_now_ns();
+	for (int i = 0; i < iters && st == KOLO_OK; i++)
+		st = kolo_ring_allreduce(rc, buf, buf, count, KOLO_FLOAT32, KOLO_MAX, 1, 1);
+	*us = (double)(kolo_now_ns() - t0) / 1e3 / iters;
+	kolo_ring_comm_tune(rc, keep, 0);
+	return st;
+}
+
+/* α from small recursive-doubling allreduces, β from ring allreduces of
+ * PROBE_BIG_BYTES; `flows` rings share the link (the cross comms). */
+static kolo_status_t probe_link(struct kolo_ring_comm *rc, char *buf, int flows,
+                                struct kolo_ring_link_cost *out)
+{
+	const int n = kolo_ring_comm_size(rc);
+	double t_small, t_big;
+	KOLO_CHECK(time_allreduce(rc, buf, 8, true, PROBE_SMALL_ITERS, &t_small));
+	KOLO_CHECK(time_allreduce(rc, buf, PROBE_BIG_BYTES, false, PROBE_BIG_ITERS, &t_big));
+	int pof2 = 1;
+	while (pof2 * 2 <= n)
+		pof2 *= 2;
+	int rounds = ceil_log2(pof2) + (pof2 < n ? 2 : 0);
+	out->alpha_us = KOLO_MAX(t_small / rounds, 0.1);
+	double per_step = t_big / (2.0 * (n - 1)) - out->alpha_us;
+	double bytes = (double)PROBE_BIG_BYTES / n * flows;
+	out->gbytes_per_s = bytes / (KOLO_MAX(per_step, 0.01) * 1e3);
+	return KOLO_OK;
+}
+
+/* Every rank must decide alike: the costs become the maximum over ranks of
+ * α and of 1/bandwidth. */
+static kolo_status_t probe(struct kolo_ring_hier *h, struct kolo_ring_comm *rc)
+{
+	char *buf = calloc(1, PROBE_BIG_BYTES);
+	if (!buf)
+		return KOLO_ENOMEM;
+	struct kolo_ring_link_cost shm = h->cfg.shm, net = h->cfg.net;
+	kolo_status_t st = probe_link(h->local, buf, 1, &shm);
+	if (st == KOLO_OK)
+		st = probe_link(h->cross, buf, h->L, &net);
+	double v[4] = {shm.alpha_us, 1.0 / shm.gbytes_per_s, net.alpha_us, 1.0 / net.gbytes_per_s};
+	if (st == KOLO_OK)
+		st = kolo_ring_allreduce(rc, v, v, 4, KOLO_FLOAT64, KOLO_MAX, 1, 1);
+	free(buf);
+	if (st != KOLO_OK)
+		return st;
+	h->cfg.shm = (struct kolo_ring_link_cost){v[0], 1.0 / v[1]};
+	h->cfg.net = (struct kolo_ring_link_cost){v[2], 1.0 / v[3]};
+	return KOLO_OK;
+}
+
+static kolo_status_t sub_create(struct kolo_ring_comm *rc, const int *ranks, int size, int index,
+                                int tag_off, struct kolo_ring_comm **out, struct kolo_errbuf *eb)
+{
+	struct kolo_ring_config c = *kolo_ring_comm_config(rc);
+	c.rank = index;
+	c.size = size;
+	c.ranks = ranks;
+	c.tag_base += tag_off;
+	return kolo_ring_comm_create(&c, out, eb);
+}
+
+kolo_status_t kolo_ring_hier_enable(struct kolo_ring_comm *rc,
+                                    const struct kolo_ring_hier_config *hc, struct kolo_errbuf *eb)
+{
+	const int L = hc->local_size, H = hc->cross_size, n = kolo_ring_comm_size(rc);
+	if (L < 1 || H < 1 || L * H != n || n < 2)
+		return kolo_fail(eb, KOLO_EINVAL, "hierarchical: %d x %d ranks for a comm of %d", H,
+		                 L, n);
+	const int r = kolo_ring_comm_rank(rc);
+	struct kolo_ring_hier *h = calloc(1, sizeof(*h));
+	int *ranks = calloc((size_t)KOLO_MAX(L, H), sizeof(int));
+	kolo_status_t st = KOLO_ENOMEM;
+	if (!h || !ranks || !(h->counts = calloc((size_t)L, sizeof(size_t)))) {
+		kolo_fail(eb, st, "hierarchical: out of memory");
+		goto fail;
+	}
+	h->parent = rc;
+	h->cfg = *hc;
+	h->L = L;
+	h->H = H;
+	atomic_init(&h->failed_peer, -1);
+	const int host = r / L, lr = r % L;
+	for (int i = 0; i < L; i++)
+		ranks[i] = host * L + i;
+	if ((st = sub_create(rc, ranks, L, lr, 1, &h->local, eb)) != KOLO_OK)
+		goto fail;
+	for (int i = 0; i < H; i++)
+		ranks[i] = i * L + lr;
+	if ((st = sub_create(rc, ranks, H, host, 2, &h->cross, eb)) != KOLO_OK)
+		goto fail;
+	if (hc->probe && (st = probe(h, rc)) != KOLO_OK) {
+		const char *why = kolo_ring_comm_status(h->local) != KOLO_OK
+		                          ? kolo_ring_last_error(h->local)
+		                  : kolo_ring_comm_status(h->cross) != KOLO_OK
+		                          ? kolo_ring_last_error(h->cross)
+		                          : kolo_ring_last_error(rc);
+		kolo_fail(eb, st, "hierarchical: measuring the links: %s", why);
+		goto fail;
+	}
+	if (hc->small_model) {
+		kolo_ring_comm_tune(rc, small_crossover(L, H, false, &h->cfg.shm, &h->cfg.net), 0);
+		kolo_ring_comm_tune(h->cross, small_crossover(L, H, true, &h->cfg.shm, &h->cfg.net),
+		                    0);
+	}
+	free(ranks);
+	KOLO_DEBUG(SUBSYS,
+	           "hierarchical allreduce: %d hosts x %d ranks, mode %d; shm %.1f us %.2f GB/s, "
+	           "net %.1f us %.3f GB/s",
+	           H, L, (int)hc->mode, h->cfg.shm.alpha_us, h->cfg.shm.gbytes_per_s,
+	           h->cfg.net.alpha_us, h->cfg.net.gbytes_per_s);
+	kolo_ring_comm_set_hier(rc, h);
+	return KOLO_OK;
+fail:
+	free(ranks);
+	kolo_ring_hier_destroy(h);
+	return st;
+}
+
+bool kolo_ring_hier_costs_of(const struct kolo_ring_hier *h, struct kolo_ring_link_cost *shm,
+                             struct kolo_ring_link_cost *net)
+{
+	if (!h)
+		return false;
+	*shm = h->cfg.shm;
+	*net = h->cfg.net;
+	return true;
+}
