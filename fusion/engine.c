@@ -54,6 +54,7 @@ struct kolo_engine {
 	struct eop **incoming_tail;
 	bool shutdown_req;
 	bool stopped;
+	bool aborted; /* kolo_engine_abort: the failure is expected */
 	kolo_status_t fail_st;
 	char fail_msg[KOLO_ERRBUF_SIZE];
 	uint64_t next_id, barrier_seq, join_seq, excl_seq;
@@ -1002,7 +1003,8 @@ static void *engine_main(void *arg)
 		e->fail_st = st;
 		snprintf(e->fail_msg, sizeof(e->fail_msg), "fusion engine stopped: %s",
 		         msg[0] ? msg : kolo_strerror(st));
-		KOLO_ERROR(SUBSYS, "%s", e->fail_msg);
+		kolo_log(e->aborted || st == KOLO_EMEMBERSHIP ? KOLO_LOG_INFO : KOLO_LOG_ERROR,
+		         SUBSYS, "%s", e->fail_msg);
 	} else {
 		e->fail_st = KOLO_ESHUTDOWN;
 		snprintf(e->fail_msg, sizeof(e->fail_msg), "the fusion engine was shut down");
@@ -1122,6 +1124,17 @@ void kolo_engine_shutdown(struct kolo_engine *e)
 	pthread_join(e->thread, NULL);
 	e->thread_started = false;
 	pthread_mutex_unlock(&e->shutdown_lock);
+}
+
+void kolo_engine_abort(struct kolo_engine *e, kolo_status_t st)
+{
+	if (!e)
+		return;
+	pthread_mutex_lock(&e->lock);
+	e->aborted = true;
+	pthread_cond_broadcast(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	kolo_ring_abort(e->rc, st == KOLO_OK ? KOLO_EMEMBERSHIP : st);
 }
 
 void kolo_engine_destroy(struct kolo_engine *e)

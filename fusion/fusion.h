@@ -259,6 +259,12 @@ kolo_status_t kolo_engine_create(struct kolo_ring_comm *rc, int rank, int size,
 void kolo_engine_shutdown(struct kolo_engine *e);
 /* Shuts down if needed and frees. Accepts NULL. */
 void kolo_engine_destroy(struct kolo_engine *e);
+/* A membership change (elastic): fails every pending and later operation
+ * with st (≠ KOLO_OK) at once, on this rank, without negotiating with the
+ * others (they are gone or re-forming), by aborting the ring. Thread-safe,
+ * non-blocking; kolo_engine_destroy then stops the thread at once. The next
+ * engine, on the next round's ring, starts with fresh negotiation state. */
+void kolo_engine_abort(struct kolo_engine *e, kolo_status_t st);
 
 /* One operation to enqueue. Buffers stay the caller's. */
 struct kolo_engine_op {

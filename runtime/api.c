@@ -107,8 +107,10 @@ static kolo_status_t check_counts(struct kolo_comm *comm, const char *fn, const 
 
 static kolo_status_t ring_result(struct kolo_comm *comm, const char *fn, kolo_status_t st)
 {
-	if (st != KOLO_OK)
+	if (st != KOLO_OK) {
 		kolo_comm_fail(comm, st, "%s: %s", fn, kolo_ring_last_error(comm->ring));
+		st = kolo_runtime_elastic_failed(comm, st);
+	}
 	return st;
 }
 
@@ -160,8 +162,10 @@ static kolo_status_t run(struct kolo_comm *comm, const char *fn, struct coll *c)
 		return ring_result(comm, fn, coll_exec(c, comm->ring));
 	struct kolo_errbuf eb = {{0}};
 	kolo_status_t st = kolo_engine_run_exclusive(e, coll_exec, c, &eb);
-	if (st != KOLO_OK)
+	if (st != KOLO_OK) {
 		kolo_comm_fail(comm, st, "%s: %s", fn, eb.msg);
+		st = kolo_runtime_elastic_failed(comm, st);
+	}
 	return st;
 }
 

@@ -38,7 +38,7 @@ static kolo_status_t submit(struct kolo_comm *comm, struct kolo_engine_op *op,
 	struct kolo_errbuf eb = {{0}};
 	st = kolo_engine_enqueue(e, op, handle, &eb);
 	if (st != KOLO_OK)
-		return kolo_comm_fail(comm, st, "%s", eb.msg);
+		return kolo_runtime_elastic_failed(comm, kolo_comm_fail(comm, st, "%s", eb.msg));
 	return KOLO_OK;
 }
 
@@ -194,8 +194,10 @@ KOLO_API kolo_status_t kolo_wait(kolo_handle_t *handle)
 	struct kolo_comm *comm = kolo_handle_owner(handle);
 	struct kolo_errbuf eb = {{0}};
 	kolo_status_t st = kolo_handle_wait_release(handle, &eb);
-	if (st != KOLO_OK && comm)
+	if (st != KOLO_OK && comm) {
 		kolo_comm_fail(comm, st, "%s", eb.msg);
+		st = kolo_runtime_elastic_failed(comm, st);
+	}
 	return st;
 }
 

@@ -26,6 +26,15 @@ struct kolo_comm {
 	char *token;
 	char host[KOLO_RDZV_HOST_MAX];
 	struct kolo_errbuf err; /* kolo_last_error() */
+	/* Elastic mode (reform.c); elastic is NULL when KOLO_ELASTIC is off. */
+	struct kolo_elastic *elastic;
+	pthread_mutex_t elastic_lock;     /* live_ring, live_round vs. the watcher */
+	struct kolo_ring_comm *live_ring; /* the ring the watcher may abort */
+	int64_t live_round;
+	bool change_at_commit;   /* the next reform follows a commit point */
+	int64_t announced_round; /* the round whose end this rank announced */
+	int resets;              /* re-forms done */
+	uint64_t reform_ns[4];   /* last reform: start, torn down, assigned, connected */
 };
 
 /* Tells the launcher (kolorun, through the pipe named by KOLO_LAUNCHER_FD)
@@ -37,5 +46,21 @@ kolo_status_t kolo_runtime_report_rank(const struct kolo_comm *comm);
 /* Records st and its message as the comm's last error and returns st. */
 kolo_status_t kolo_comm_fail(struct kolo_comm *comm, kolo_status_t st, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+
+struct kolo_elastic; /* elastic/ */
+
+/* Creates the transport for comm->assignment, publishes its address and
+ * connects the ring (init.c; also what kolo_reform does for a new round). */
+kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm);
+
+/* Elastic mode (reform.c). start: when KOLO_ELASTIC is set, installs the
+ * SIGTERM handler and starts the membership watcher for the comm's round;
+ * does nothing otherwise. stop: stops the watcher; accepts a comm without
+ * one. failed: what a failed collective returns: in elastic mode a peer
+ * failure becomes KOLO_EMEMBERSHIP and the round's end is announced to every
+ * rank; otherwise st unchanged. */
+kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm);
+void kolo_runtime_elastic_stop(struct kolo_comm *comm);
+kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st);
 
 #endif /* KOLO_RUNTIME_H */

@@ -1,0 +1,93 @@
+/* kolo elastic API: keep training when workers join or leave.
+ *
+ * An elastic job (KOLO_ELASTIC=1, e.g. `kolorun --min-np A --max-np B`)
+ * survives membership changes without restarting the survivors. When a
+ * worker dies, every pending and later collective on every survivor fails
+ * fast with KOLO_EMEMBERSHIP; kolo_reform() then takes the comm to the next
+ * membership round (survivors keep their order, rank 0 stays on the oldest
+ * survivor). A worker that joins a running job is added at the members' next
+ * commit point, without a failure and without rolling back. SIGTERM (a spot
+ * reclaim) makes a worker leave at its next commit point.
+ *
+ * The training state (parameters, optimiser moments, counters) is registered
+ * in a kolo_state_t: commit copies it to host memory, restore goes back to
+ * the last commit, sync broadcasts rank 0's copy to everyone (new members
+ * included). kolo_elastic_run() runs a training function in Horovod's
+ * hvd.elastic.run loop. See docs/elastic.md. */
+#ifndef KOLO_ELASTIC_H
+#define KOLO_ELASTIC_H
+
+#include <stdbool.h>
+
+#include "kolo/kolo.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kolo_state kolo_state_t;
+
+/* true when the comm was created in elastic mode (KOLO_ELASTIC=1). */
+KOLO_API bool kolo_elastic_enabled(const kolo_comm_t *comm);
+
+/* Takes the comm to the next membership round: aborts whatever still runs
+ * on it (fusion engine included), closes the ring and the transport, reports
+ * the peer whose connection failed (once it is known to be dead), waits for
+ * the next round (up to KOLO_ELASTIC_TIMEOUT_MS), then creates the transport
+ * and the ring of the new round. Rank, size and round change; the process
+ * and the comm handle stay. Blocking; not to be called concurrently with a
+ * collective on the same comm. KOLO_ETIMEDOUT (with a message naming min-np)
+ * when no round including this worker formed in time. */
+KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm);
+
+/* A new, empty state bound to comm. Returns KOLO_ENOMEM / KOLO_EINVAL. */
+KOLO_API kolo_status_t kolo_state_create(kolo_comm_t *comm, kolo_state_t **out);
+/* Frees the state (not the registered buffers). Accepts NULL. */
+KOLO_API void kolo_state_destroy(kolo_state_t *state);
+/* Registers count elements of dtype at buf as part of the state, under a
+ * unique name. Every rank (and every worker that joins later) must register
+ * the same names, counts and dtypes in the same order. buf stays the
+ * caller's and must outlive the state. */
+KOLO_API kolo_status_t kolo_state_register(kolo_state_t *state, const char *name, void *buf,
+                                           size_t count, kolo_dtype_t dtype);
+/* Copies every registered buffer to host memory, then agrees with the other
+ * ranks (one small allreduce) whether a membership change is pending: a
+ * worker waiting to join, or a rank asked to leave (SIGTERM). Returns KOLO_OK
+ * when nothing is pending, KOLO_EMEMBERSHIP when the comm must re-form (the
+ * commit is kept; kolo_elastic_run re-forms without restoring), or the
+ * collective's failure. Every rank must call it at the same points. */
+KOLO_API kolo_status_t kolo_state_commit(kolo_state_t *state);
+/* Copies the last commit back into the registered buffers. Local. */
+KOLO_API kolo_status_t kolo_state_restore(kolo_state_t *state);
+/* Broadcasts every registered buffer from rank 0 and commits the result. */
+KOLO_API kolo_status_t kolo_state_sync(kolo_state_t *state);
+/* true after this worker left the job at a commit point (SIGTERM or
+ * kolo_elastic_leave()); it should then finalize and exit 0. */
+KOLO_API bool kolo_state_left(const kolo_state_t *state);
+
+/* Asks this worker to leave the job at its next commit point, as SIGTERM
+ * does in an elastic worker. Thread-safe and async-signal-safe. */
+KOLO_API void kolo_elastic_leave(void);
+
+/* The training function run by kolo_elastic_run: it reads the state it needs
+ * (it has been synced), trains, calls kolo_state_commit() at its commit
+ * points and returns the first failure of a collective or of a commit, or
+ * KOLO_OK when training is done. */
+typedef kolo_status_t (*kolo_train_fn)(kolo_comm_t *comm, kolo_state_t *state, void *arg);
+
+/* Horovod's hvd.elastic.run for C: sync, then fn. When fn fails with
+ * KOLO_EMEMBERSHIP, KOLO_EPEER or KOLO_ETIMEDOUT: restore the last commit
+ * (not when the change was announced at a commit), kolo_reform(), sync and
+ * call fn again. Stops after KOLO_ELASTIC_RESET_LIMIT re-forms (0: no limit)
+ * or when kolo_reform() fails. Returns KOLO_OK when fn finished,
+ * KOLO_ESHUTDOWN when this worker left the job (exit 0), else the error
+ * (detail in kolo_last_error()). */
+KOLO_API kolo_status_t kolo_elastic_run(kolo_comm_t *comm, kolo_state_t *state, kolo_train_fn fn,
+                                        void *arg);
+/* Re-forms this comm has done since kolo_init(). */
+KOLO_API int kolo_elastic_resets(const kolo_comm_t *comm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KOLO_ELASTIC_H */

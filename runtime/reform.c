@@ -1,0 +1,471 @@
+/* Elastic training in the runtime: the watcher's abort, kolo_reform(), the
+ * state API and kolo_elastic_run(). The membership logic below the data
+ * plane (arbitration, watcher, SIGTERM, state copies) is in elastic/; this
+ * file composes it with the ring, the transport and the fusion engine. */
+#include "elastic.h"
+#include "fusion.h"
+#include "kolo/async.h"
+#include "kolo/elastic.h"
+#include "runtime.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SUBSYS "elastic"
+
+struct kolo_state {
+	struct kolo_comm *comm;
+	struct kolo_elastic_state st;
+	bool announced; /* the last EMEMBERSHIP came from a commit point */
+	bool left;
+};
+
+/* Failures of a collective that a new round cures. ENOTFOUND: a peer's
+ * address is gone from the KV (the server restarted); every member then
+ * polls past the adopted round, which makes the server form a new one. */
+static bool membership_failure(kolo_status_t st)
+{
+	return st == KOLO_EMEMBERSHIP || st == KOLO_EPEER || st == KOLO_ETIMEDOUT ||
+	       st == KOLO_ECLOSED || st == KOLO_ENOTFOUND;
+}
+
+/* ---- the data plane under the elastic lock ------------------------------ */
+
+/* The watcher's callback: the membership of round changed; fail whatever
+ * runs on the comm of that round at once. */
+static void on_change(void *arg, int64_t round, bool leave)
+{
+	struct kolo_comm *comm = arg;
+	pthread_mutex_lock(&comm->elastic_lock);
+	if (comm->live_round == round && comm->live_ring)
+		kolo_ring_abort(comm->live_ring, KOLO_EMEMBERSHIP);
+	pthread_mutex_unlock(&comm->elastic_lock);
+	(void)leave;
+}
+
+/* Aborts and frees the engine, the ring and the transport. */
+static void data_plane_teardown(struct kolo_comm *comm)
+{
+	pthread_mutex_lock(&comm->engine_lock);
+	struct kolo_engine *engine = comm->engine;
+	comm->engine = NULL;
+	pthread_mutex_unlock(&comm->engine_lock);
+	struct kolo_ring_comm *ring = comm->ring;
+	struct kolo_transport *t = comm->transport;
+	pthread_mutex_lock(&comm->elastic_lock);
+	comm->live_ring = NULL;
+	comm->live_round = 0;
+	pthread_mutex_unlock(&comm->elastic_lock);
+	comm->ring = NULL;
+	comm->transport = NULL;
+	if (ring)
+		kolo_ring_abort(ring, KOLO_EMEMBERSHIP);
+	/* Every queued operation completes with KOLO_EMEMBERSHIP; the engine's
+	 * thread stops at once (its ring is aborted). */
+	kolo_engine_abort(engine, KOLO_EMEMBERSHIP);
+	kolo_engine_destroy(engine);
+	kolo_ring_comm_destroy(ring);
+	if (t)
+		t->ops->destroy(t);
+}
+
+/* Makes the comm's ring the one the watcher may abort. */
+static void publish_live(struct kolo_comm *comm)
+{
+	pthread_mutex_lock(&comm->elastic_lock);
+	comm->live_ring = comm->ring;
+	comm->live_round = comm->assignment.round;
+	pthread_mutex_unlock(&comm->elastic_lock);
+}
+
+kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm)
+{
+	if (!kolo_param_bool(KOLO_P_ELASTIC))
+		return KOLO_OK;
+	if (kolo_elastic_signal_install() != KOLO_OK)
+		KOLO_WARN(SUBSYS, "cannot install the SIGTERM handler; a reclaim will look like a "
+		                  "failure");
+	struct kolo_elastic_config cfg = {
+	        .url = kolo_param_str(KOLO_P_RENDEZVOUS),
+	        .job = kolo_param_str(KOLO_P_JOB),
+	        .token = comm->token,
+	        .host = comm->host,
+	        .member = comm->rdzv,
+	        .poll_ms = (int)kolo_param_int(KOLO_P_ELASTIC_POLL_MS),
+	        .leave_grace_ms = (int)kolo_param_int(KOLO_P_ELASTIC_LEAVE_GRACE_MS),
+	        .on_change = on_change,
+	        .arg = comm,
+	};
+	struct kolo_errbuf eb = {{0}};
+	kolo_status_t st = kolo_elastic_create(&cfg, &comm->elastic, &eb);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "starting the elastic watcher: %s", eb.msg);
+	publish_live(comm);
+	kolo_elastic_watch(comm->elastic, comm->assignment.round, comm->assignment.rank);
+	return KOLO_OK;
+}
+
+void kolo_runtime_elastic_stop(struct kolo_comm *comm)
+{
+	kolo_elastic_destroy(comm->elastic);
+	comm->elastic = NULL;
+}
+
+kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st)
+{
+	if (!comm->elastic || !membership_failure(st))
+		return st;
+	/* Wake every other rank now (their watchers abort their rings), and
+	 * say that we are alive so that nobody reports us. Once per round:
+	 * every failed handle of the round comes through here. */
+	int64_t round = comm->assignment.round;
+	pthread_mutex_lock(&comm->elastic_lock);
+	bool first = comm->announced_round != round;
+	comm->announced_round = round;
+	pthread_mutex_unlock(&comm->elastic_lock);
+	if (first)
+		kolo_elastic_announce(comm->rdzv, round, comm->assignment.rank, true);
+	return KOLO_EMEMBERSHIP;
+}
+
+KOLO_API bool kolo_elastic_enabled(const kolo_comm_t *comm)
+{
+	return comm && comm->elastic;
+}
+
+KOLO_API int kolo_elastic_resets(const kolo_comm_t *comm)
+{
+	return comm ? comm->resets : 0;
+}
+
+KOLO_API void kolo_elastic_leave(void)
+{
+	kolo_elastic_request_leave();
+}
+
+/* ---- reform -------------------------------------------------------------- */
+
+/* Waits for a round after `after` (in which this worker was old_rank of
+ * old_size). First reports `suspect` (the peer whose conn failed) when its
+ * alive key does not appear within the confirm window. When no round comes
+ * soon after that, the failure was not where this rank looked (a silent rank
+ * found by a timeout blames whichever peer it was waiting for, often a live
+ * one): then every rank of the old round without an alive key is reported.
+ * Not after a commit point (failure false): everybody is alive then. */
+static kolo_status_t next_round(struct kolo_comm *comm, int64_t after, int old_rank, int old_size,
+                                int suspect, bool failure, uint64_t end_ms,
+                                struct kolo_rdzv_assignment *out)
+{
+	int confirm = (int)kolo_param_int(KOLO_P_ELASTIC_CONFIRM_MS);
+	bool scanned = !failure;
+	kolo_status_t st;
+	if (suspect >= 0) {
+		bool dead = false;
+		st = kolo_elastic_confirm_dead(comm->rdzv, after, suspect, confirm, &dead);
+		if (st == KOLO_OK && dead) {
+			KOLO_INFO(SUBSYS, "round %" PRId64 ": rank %d is dead; reporting it", after,
+			          suspect);
+			kolo_rdzv_report_failure(comm->rdzv, after, suspect);
+		}
+	}
+	for (;;) {
+		uint64_t now = kolo_now_ms();
+		if (now >= end_ms)
+			return KOLO_ETIMEDOUT;
+		uint64_t left = end_ms - now;
+		if (!scanned)
+			left = KOLO_MIN(left, (uint64_t)(2 * confirm + 100));
+		st = kolo_rdzv_wait_assignment(comm->rdzv, after, (int)KOLO_MIN(left, INT32_MAX),
+		                               out);
+		if (st != KOLO_ETIMEDOUT || scanned)
+			return st;
+		scanned = true;
+		/* Every live rank published its key within the window (its
+		 * watcher does so as soon as the round's change key appears). */
+		for (int r = 0; r < old_size; r++) {
+			bool dead = false;
+			if (r == old_rank ||
+			    kolo_elastic_confirm_dead(comm->rdzv, after, r, 0, &dead) != KOLO_OK ||
+			    !dead)
+				continue;
+			KOLO_INFO(SUBSYS,
+			          "round %" PRId64 ": rank %d never said it is alive; "
+			          "reporting it",
+			          after, r);
+			kolo_rdzv_report_failure(comm->rdzv, after, r);
+		}
+	}
+}
+
+KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm)
+{
+	if (!comm)
+		return KOLO_EINVAL;
+	if (!comm->elastic)
+		return kolo_comm_fail(comm, KOLO_EINVAL,
+		                      "kolo_reform: the comm is not elastic (set KOLO_ELASTIC=1 or "
+		                      "run under kolorun --min-np)");
+	uint64_t t0 = kolo_now_ms();
+	comm->reform_ns[0] = kolo_now_ns();
+	int timeout = (int)KOLO_MIN(kolo_param_int(KOLO_P_ELASTIC_TIMEOUT_MS), INT32_MAX);
+	uint64_t end = t0 + (uint64_t)KOLO_MAX(timeout, 0);
+	int64_t round = comm->assignment.round;
+	int old_rank = comm->assignment.rank, old_size = comm->assignment.size;
+	bool at_commit = comm->change_at_commit;
+	comm->change_at_commit = false;
+	int suspect = comm->ring ? kolo_ring_failed_peer(comm->ring) : -1;
+	kolo_elastic_watch(comm->elastic, 0, old_rank);
+	/* Alive before we reset our conns; the round's end for everyone when
+	 * it ended by a failure (at a commit point everyone knows already). */
+	kolo_elastic_announce(comm->rdzv, round, old_rank, !at_commit);
+	data_plane_teardown(comm);
+	uint64_t t_down = kolo_now_ms();
+	comm->reform_ns[1] = kolo_now_ns();
+	kolo_status_t st;
+	for (;;) {
+		struct kolo_rdzv_assignment a;
+		memset(&a, 0, sizeof(a));
+		st = next_round(comm, round, old_rank, old_size, suspect, !at_commit, end, &a);
+		if (st == KOLO_ETIMEDOUT)
+			return kolo_comm_fail(
+			        comm, st,
+			        "kolo_reform: no round including this worker formed "
+			        "within %d ms after round %" PRId64
+			        " (KOLO_ELASTIC_TIMEOUT_MS): fewer than min-np workers "
+			        "remain and none joined",
+			        timeout, round);
+		if (st == KOLO_EMEMBERSHIP)
+			return kolo_comm_fail(comm, st,
+			                      "kolo_reform: the rendezvous evicted this worker (it "
+			                      "was reported dead or missed its lease): %s",
+			                      kolo_rdzv_client_error(comm->rdzv));
+		if (st != KOLO_OK)
+			return kolo_comm_fail(comm, st,
+			                      "kolo_reform: waiting for the next round: %s",
+			                      kolo_rdzv_client_error(comm->rdzv));
+		kolo_rdzv_assignment_fini(&comm->assignment);
+		comm->assignment = a;
+		uint64_t t_round = kolo_now_ms();
+		comm->reform_ns[2] = kolo_now_ns();
+		st = kolo_runtime_data_plane_create(comm);
+		if (st == KOLO_OK) {
+			const struct kolo_rdzv_assignment *n = &comm->assignment;
+			kolo_log_set_identity(comm->host, n->rank);
+			kolo_runtime_report_rank(comm);
+			publish_live(comm);
+			kolo_elastic_watch(comm->elastic, n->round, n->rank);
+			comm->reform_ns[3] = kolo_now_ns();
+			comm->resets++;
+			uint64_t t1 = kolo_now_ms();
+			KOLO_INFO(SUBSYS,
+			          "re-formed: round %" PRId64 " -> %" PRId64
+			          ", rank %d -> %d, size %d -> %d in %" PRIu64
+			          " ms (teardown %" PRIu64 ", round %" PRIu64 ", connect %" PRIu64
+			          ")%s",
+			          round, n->round, old_rank, n->rank, old_size, n->size, t1 - t0,
+			          t_down - t0, t_round - t_down, t1 - t_round,
+			          at_commit ? " at a commit point" : "");
+			comm->err.msg[0] = '\0';
+			return KOLO_OK;
+		}
+		if (!membership_failure(st) && st != KOLO_ENOTFOUND)
+			return st;
+		/* The new round lost a member while connecting: next one. */
+		KOLO_WARN(SUBSYS, "round %" PRId64 " failed while connecting: %s",
+		          comm->assignment.round, comm->err.msg);
+		round = comm->assignment.round;
+		old_rank = comm->assignment.rank;
+		old_size = comm->assignment.size;
+		at_commit = false;
+		suspect = comm->ring ? kolo_ring_failed_peer(comm->ring) : -1;
+		kolo_elastic_announce(comm->rdzv, round, comm->assignment.rank, true);
+		data_plane_teardown(comm);
+	}
+}
+
+/* ---- state ------------------------------------------------------------------ */
+
+static bool engine_running(struct kolo_comm *comm)
+{
+	pthread_mutex_lock(&comm->engine_lock);
+	bool on = comm->engine != NULL;
+	pthread_mutex_unlock(&comm->engine_lock);
+	return on;
+}
+
+/* Collectives of the state API: through the engine once it owns the ring
+ * (the training loop uses the async API), else blocking. */
+static kolo_status_t state_max_i32(struct kolo_comm *comm, int32_t *v, size_t n)
+{
+	if (!engine_running(comm))
+		return kolo_allreduce(comm, v, v, n, KOLO_INT32, KOLO_MAX);
+	kolo_handle_t *h = NULL;
+	kolo_status_t st = kolo_allreduce_async(comm, "kolo.elastic.commit", v, v, n, KOLO_INT32,
+	                                        KOLO_MAX, 1.0, 1.0, NULL, NULL, &h);
+	return st == KOLO_OK ? kolo_wait(h) : st;
+}
+
+static kolo_status_t state_bcast(struct kolo_comm *comm, struct kolo_elastic_buf *b)
+{
+	if (!engine_running(comm))
+		return kolo_broadcast(comm, b->buf, b->count, b->dtype, 0);
+	char name[KOLO_ELASTIC_NAME_MAX + 32];
+	snprintf(name, sizeof(name), "kolo.elastic.sync.%s", b->name);
+	kolo_handle_t *h = NULL;
+	kolo_status_t st =
+	        kolo_broadcast_async(comm, name, b->buf, b->count, b->dtype, 0, NULL, NULL, &h);
+	return st == KOLO_OK ? kolo_wait(h) : st;
+}
+
+KOLO_API kolo_status_t kolo_state_create(kolo_comm_t *comm, kolo_state_t **out)
+{
+	if (!out)
+		return KOLO_EINVAL;
+	*out = NULL;
+	if (!comm)
+		return KOLO_EINVAL;
+	struct kolo_state *s = calloc(1, sizeof(*s));
+	if (!s)
+		return kolo_comm_fail(comm, KOLO_ENOMEM, "kolo_state_create: out of memory");
+	s->comm = comm;
+	kolo_elastic_state_init(&s->st);
+	*out = s;
+	return KOLO_OK;
+}
+
+KOLO_API void kolo_state_destroy(kolo_state_t *s)
+{
+	if (!s)
+		return;
+	kolo_elastic_state_fini(&s->st);
+	free(s);
+}
+
+KOLO_API kolo_status_t kolo_state_register(kolo_state_t *s, const char *name, void *buf,
+                                           size_t count, kolo_dtype_t dtype)
+{
+	if (!s)
+		return KOLO_EINVAL;
+	struct kolo_errbuf eb = {{0}};
+	kolo_status_t st = kolo_elastic_state_add(&s->st, name, buf, count, dtype, &eb);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(s->comm, st, "kolo_state_register: %s", eb.msg);
+	return KOLO_OK;
+}
+
+KOLO_API kolo_status_t kolo_state_restore(kolo_state_t *s)
+{
+	if (!s)
+		return KOLO_EINVAL;
+	if (kolo_elastic_state_load(&s->st) != KOLO_OK)
+		return kolo_comm_fail(s->comm, KOLO_EINVAL,
+		                      "kolo_state_restore: nothing committed");
+	return KOLO_OK;
+}
+
+KOLO_API bool kolo_state_left(const kolo_state_t *s)
+{
+	return s && s->left;
+}
+
+KOLO_API kolo_status_t kolo_state_sync(kolo_state_t *s)
+{
+	if (!s)
+		return KOLO_EINVAL;
+	for (size_t i = 0; i < s->st.n; i++) {
+		struct kolo_elastic_buf *b = &s->st.bufs[i];
+		kolo_status_t st = state_bcast(s->comm, b);
+		if (st != KOLO_OK)
+			return st;
+	}
+	kolo_elastic_state_save(&s->st);
+	return KOLO_OK;
+}
+
+/* Leaves the job now: out of the rendezvous, data plane closed. */
+static void leave_now(struct kolo_state *s, const char *why)
+{
+	struct kolo_comm *comm = s->comm;
+	KOLO_INFO(SUBSYS, "leaving the job (%s)", why);
+	kolo_elastic_left(comm->elastic);
+	kolo_elastic_announce(comm->rdzv, comm->assignment.round, comm->assignment.rank, false);
+	if (kolo_rdzv_leave(comm->rdzv) != KOLO_OK)
+		KOLO_WARN(SUBSYS, "leave: %s", kolo_rdzv_client_error(comm->rdzv));
+	data_plane_teardown(comm);
+	s->left = true;
+}
+
+KOLO_API kolo_status_t kolo_state_commit(kolo_state_t *s)
+{
+	if (!s)
+		return KOLO_EINVAL;
+	struct kolo_comm *comm = s->comm;
+	kolo_elastic_state_save(&s->st);
+	if (!comm->elastic)
+		return KOLO_OK;
+	struct kolo_rdzv_hb_state hb;
+	kolo_rdzv_heartbeat_state(comm->rdzv, &hb);
+	int64_t round = comm->assignment.round;
+	/* A heartbeat from before this round says nothing about it. */
+	int32_t flags[2] = {
+	        hb.last == KOLO_OK && hb.round == round && hb.pending_change,
+	        kolo_elastic_leave_requested(),
+	};
+	int32_t mine = flags[1];
+	kolo_status_t st = state_max_i32(comm, flags, 2);
+	if (st != KOLO_OK)
+		return st;
+	if (!flags[0] && !flags[1])
+		return KOLO_OK;
+	s->announced = true;
+	comm->change_at_commit = true;
+	if (mine) {
+		leave_now(s, "SIGTERM, at a commit point");
+		return kolo_comm_fail(comm, KOLO_EMEMBERSHIP, "this worker left the job");
+	}
+	return kolo_comm_fail(comm, KOLO_EMEMBERSHIP,
+	                      "membership change at a commit point of round %" PRId64 ": %s", round,
+	                      flags[0] ? "workers wait to join" : "a worker leaves");
+}
+
+KOLO_API kolo_status_t kolo_elastic_run(kolo_comm_t *comm, kolo_state_t *s, kolo_train_fn fn,
+                                        void *arg)
+{
+	if (!comm || !s || !fn || s->comm != comm)
+		return KOLO_EINVAL;
+	int64_t limit = kolo_param_int(KOLO_P_ELASTIC_RESET_LIMIT);
+	int resets = 0;
+	for (;;) {
+		kolo_status_t st = s->left ? KOLO_EMEMBERSHIP : kolo_state_sync(s);
+		if (st == KOLO_OK)
+			st = fn(comm, s, arg);
+		if (st == KOLO_OK)
+			return KOLO_OK;
+		if (s->left)
+			return KOLO_ESHUTDOWN;
+		if (!comm->elastic || !membership_failure(st))
+			return st;
+		if (kolo_elastic_leave_requested()) {
+			/* SIGTERM while blocked: the collective was aborted. */
+			leave_now(s, "SIGTERM, aborted a blocked collective");
+			return KOLO_ESHUTDOWN;
+		}
+		if (!s->announced && kolo_elastic_state_load(&s->st) != KOLO_OK)
+			KOLO_DEBUG(SUBSYS, "nothing committed yet to restore");
+		KOLO_INFO(SUBSYS, "round %" PRId64 ": %s; %s", comm->assignment.round,
+		          comm->err.msg[0] ? comm->err.msg : kolo_strerror(st),
+		          s->announced ? "re-forming" : "restored the last commit, re-forming");
+		s->announced = false;
+		if (limit > 0 && resets >= limit)
+			return kolo_comm_fail(comm, st,
+			                      "kolo_elastic_run: reset limit %" PRId64
+			                      " reached (KOLO_ELASTIC_RESET_LIMIT)",
+			                      limit);
+		resets++;
+		st = kolo_reform(comm);
+		if (st != KOLO_OK)
+			return st;
+	}
+}

@@ -1,0 +1,161 @@
+/* A worker of the elastic tests: a loop of allreduces with a commit after
+ * each step, run by kolo_elastic_run. Public API only.
+ *
+ *   elastic_worker STEPS COUNT STEP_MS [async]
+ *
+ * async: the allreduces go through the fusion engine (kolo_allreduce_async,
+ * two named halves per step); a failure must then reach kolo_wait as
+ * KOLO_EMEMBERSHIP.
+ *
+ * Step s: rank r contributes x[j] = (s+1) + j + (r - (size-1)/2), so the
+ * average over ranks is (s+1) + j whatever the size; the sum is checked
+ * exactly against size * ((s+1) + j) (float64, small integers and halves:
+ * exact), and acc[j] accumulates the average. acc is part of the state, so
+ * after any sequence of failures, restores and joins it must end at
+ * STEPS*(STEPS+1)/2 + STEPS*j exactly: each step applied exactly once.
+ *
+ * Prints "ROUND <round> size <n> rank <r>" at every (re)start of the training
+ * function, "STEP <s>" after each commit, and at the end "RESULT ok ..." (or
+ * "LEFT" when it left the job on SIGTERM). Exit 0 on success, 2 on a wrong
+ * result, 3 when the elastic loop failed. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kolo/async.h"
+#include "kolo/elastic.h"
+#include "kolo/kolo.h"
+
+struct ctx {
+	int64_t steps;
+	size_t count;
+	int step_ms;
+	bool async;
+	int64_t step; /* state */
+	double *acc;  /* state */
+	double *x;
+};
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	while (nanosleep(&ts, &ts) != 0) {
+	}
+}
+
+static kolo_status_t train(kolo_comm_t *comm, kolo_state_t *state, void *arg)
+{
+	struct ctx *c = arg;
+	printf("ROUND %" PRId64 " size %d rank %d step %" PRId64 "\n", kolo_round(comm),
+	       kolo_size(comm), kolo_rank(comm), c->step);
+	fflush(stdout);
+	while (c->step < c->steps) {
+		int size = kolo_size(comm), rank = kolo_rank(comm);
+		double base = (double)(c->step + 1), off = rank - (size - 1) / 2.0;
+		for (size_t j = 0; j < c->count; j++)
+			c->x[j] = base + (double)j + off;
+		kolo_status_t st;
+		if (c->async) {
+			size_t half = c->count / 2;
+			kolo_handle_t *h[2] = {NULL, NULL};
+			st = kolo_allreduce_async(comm, "a", c->x, c->x, half, KOLO_FLOAT64,
+			                          KOLO_SUM, 1.0, 1.0, NULL, NULL, &h[0]);
+			if (st == KOLO_OK)
+				st = kolo_allreduce_async(comm, "b", c->x + half, c->x + half,
+				                          c->count - half, KOLO_FLOAT64, KOLO_SUM,
+				                          1.0, 1.0, NULL, NULL, &h[1]);
+			for (int i = 0; i < 2; i++) {
+				kolo_status_t w = h[i] ? kolo_wait(h[i]) : KOLO_OK;
+				if (st == KOLO_OK)
+					st = w;
+			}
+			if (st != KOLO_OK && st != KOLO_EMEMBERSHIP) {
+				printf("OPFAIL %s\n", kolo_status_name(st));
+				fflush(stdout);
+			}
+		} else {
+			st = kolo_allreduce(comm, c->x, c->x, c->count, KOLO_FLOAT64, KOLO_SUM);
+		}
+		if (st != KOLO_OK)
+			return st;
+		for (size_t j = 0; j < c->count; j++) {
+			double want = size * (base + (double)j);
+			if (c->x[j] != want) {
+				printf("WRONG step %" PRId64
+				       " j %zu got %.17g want %.17g size %d\n",
+				       c->step, j, c->x[j], want, size);
+				fflush(stdout);
+				exit(2);
+			}
+			c->acc[j] += c->x[j] / size;
+		}
+		c->step++;
+		if ((st = kolo_state_commit(state)) != KOLO_OK)
+			return st;
+		printf("STEP %" PRId64 "\n", c->step);
+		fflush(stdout);
+		if (c->step_ms > 0)
+			sleep_ms(c->step_ms);
+	}
+	return KOLO_OK;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 4 && !(argc == 5 && strcmp(argv[4], "async") == 0)) {
+		fprintf(stderr, "usage: elastic_worker STEPS COUNT STEP_MS [async]\n");
+		return 64;
+	}
+	struct ctx c = {
+	        .steps = atoll(argv[1]), .count = (size_t)atoll(argv[2]), .step_ms = atoi(argv[3])};
+	c.acc = calloc(c.count, sizeof(double));
+	c.x = calloc(c.count, sizeof(double));
+	if (!c.acc || !c.x)
+		return 1;
+	kolo_comm_t *comm = NULL;
+	kolo_status_t st = kolo_init(&comm);
+	if (st != KOLO_OK) {
+		fprintf(stderr, "kolo_init: %s: %s\n", kolo_strerror(st), kolo_init_error());
+		return 3;
+	}
+	kolo_state_t *state = NULL;
+	if (kolo_state_create(comm, &state) != KOLO_OK ||
+	    kolo_state_register(state, "step", &c.step, 1, KOLO_INT64) != KOLO_OK ||
+	    kolo_state_register(state, "acc", c.acc, c.count, KOLO_FLOAT64) != KOLO_OK) {
+		fprintf(stderr, "state: %s\n", kolo_last_error(comm));
+		return 3;
+	}
+	st = kolo_elastic_run(comm, state, train, &c);
+	int rc = 0;
+	if (st == KOLO_ESHUTDOWN && kolo_state_left(state)) {
+		printf("LEFT step %" PRId64 "\n", c.step);
+	} else if (st != KOLO_OK) {
+		fprintf(stderr, "kolo_elastic_run: %s: %s\n", kolo_strerror(st),
+		        kolo_last_error(comm));
+		printf("FAILED %s: %s\n", kolo_status_name(st), kolo_last_error(comm));
+		rc = 3;
+	} else {
+		double n = (double)c.steps;
+		for (size_t j = 0; j < c.count; j++) {
+			double want = n * (n + 1) / 2 + n * (double)j;
+			if (c.acc[j] != want) {
+				printf("WRONG acc[%zu] = %.17g, want %.17g\n", j, c.acc[j], want);
+				rc = 2;
+				break;
+			}
+		}
+		if (rc == 0)
+			printf("RESULT ok size %d rank %d round %" PRId64 " resets %d\n",
+			       kolo_size(comm), kolo_rank(comm), kolo_round(comm),
+			       kolo_elastic_resets(comm));
+	}
+	fflush(stdout);
+	kolo_state_destroy(state);
+	kolo_finalize(comm);
+	free(c.acc);
+	free(c.x);
+	return rc;
+}
