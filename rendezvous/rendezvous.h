@@ -13,9 +13,9 @@
 #include "core.h"
 
 #define KOLO_RDZV_DEFAULT_PORT 29470
-#define KOLO_RDZV_MAX_BODY (1024 * 1024)
-#define KOLO_RDZV_ID_MAX 128   /* job ids, worker ids, KV keys */
-#define KOLO_RDZV_HOST_MAX 256 /* host names */
+#define KOLO_RDZV_MAX_BODY     (1024 * 1024)
+#define KOLO_RDZV_ID_MAX       128 /* job ids, worker ids, KV keys */
+#define KOLO_RDZV_HOST_MAX     256 /* host names */
 
 /* ---- rank assignment (pure; unit-tested) ------------------------------ */
 
@@ -39,8 +39,8 @@ struct kolo_rdzv_assignment {
  * ranks contiguous per host (hosts ordered by their first worker), and for
  * worker `index` its local and cross ranks as Horovod does. members[] is
  * written in rank order; out->members is NOT set. */
-void kolo_rdzv_assign(const char *const *hosts, int n, int index,
-                      struct kolo_rdzv_assignment *out, int *rank_of_index);
+void kolo_rdzv_assign(const char *const *hosts, int n, int index, struct kolo_rdzv_assignment *out,
+                      int *rank_of_index);
 void kolo_rdzv_assignment_fini(struct kolo_rdzv_assignment *a);
 
 /* One worker's place in a round. */
@@ -56,10 +56,10 @@ kolo_status_t kolo_rdzv_assign_all(const char *const *hosts, int n, struct kolo_
 /* ---- server ----------------------------------------------------------- */
 
 struct kolo_rdzv_server_config {
-	const char *listen;   /* "HOST:PORT"; port 0 picks a free one */
-	const char *token;    /* "" or NULL: no authentication */
-	int min_np;           /* defaults for jobs never configured */
-	int max_np;           /* 0: no limit */
+	const char *listen; /* "HOST:PORT"; port 0 picks a free one */
+	const char *token;  /* "" or NULL: no authentication */
+	int min_np;         /* defaults for jobs never configured */
+	int max_np;         /* 0: no limit */
 	int settle_ms;
 	int lease_ms;
 	bool log_json;
@@ -112,7 +112,7 @@ kolo_status_t kolo_rdzv_parse_failure(const char *body, size_t len, int64_t *rou
 /* ---- client ----------------------------------------------------------- */
 
 struct kolo_rdzv_client_config {
-	const char *url;   /* "http://host:port" */
+	const char *url; /* "http://host:port" */
 	const char *job;
 	const char *token; /* "" or NULL: none */
 	const char *host;  /* this worker's host name */

@@ -577,7 +577,8 @@ static void job_tick(struct kolo_rdzv_server *s, struct job *j, uint64_t now)
 		} else {
 			/* Members that all left gracefully are a job finishing, not
 			 * a failure: say so quietly. */
-			bool only_left = !strstr(j->dropped, "lease") && !strstr(j->dropped, "failed");
+			bool only_left =
+			        !strstr(j->dropped, "lease") && !strstr(j->dropped, "failed");
 			kolo_log(only_left ? KOLO_LOG_INFO : KOLO_LOG_WARN, SUB,
 			         "job %s round %" PRId64 ": %d workers left, below min_np %d; "
 			         "waiting; dropped=[%s]",

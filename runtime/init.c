@@ -192,9 +192,9 @@ kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
 			same_host[m->rank] = strcmp(m->host, comm->host) == 0;
 	}
 	struct kolo_errbuf teb = {{0}};
-	kolo_status_t st = kolo_hybrid_create(&tc, same_host,
-	                                      use_shm ? &kolo_transport_shm_ops : NULL,
-	                                      &kolo_transport_tcp_ops, &comm->transport, &teb);
+	kolo_status_t st =
+	        kolo_hybrid_create(&tc, same_host, use_shm ? &kolo_transport_shm_ops : NULL,
+	                           &kolo_transport_tcp_ops, &comm->transport, &teb);
 	free(same_host);
 	if (st != KOLO_OK)
 		return kolo_comm_fail(comm, st, "creating the transport failed: %s", teb.msg);

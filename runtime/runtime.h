@@ -45,7 +45,7 @@ kolo_status_t kolo_runtime_report_rank(const struct kolo_comm *comm);
 
 /* Records st and its message as the comm's last error and returns st. */
 kolo_status_t kolo_comm_fail(struct kolo_comm *comm, kolo_status_t st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+        __attribute__((format(printf, 3, 4)));
 
 struct kolo_elastic; /* elastic/ */
 

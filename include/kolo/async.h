@@ -39,14 +39,11 @@ KOLO_API kolo_status_t kolo_allreduce_async(kolo_comm_t *comm, const char *name,
 
 /* n allreduces negotiated and fused atomically (all run in one go or none).
  * One callback / handle for the group. */
-KOLO_API kolo_status_t kolo_grouped_allreduce_async(kolo_comm_t *comm, int n,
-                                                    const char *const *names,
-                                                    const void *const *sendbufs,
-                                                    void *const *recvbufs, const size_t *counts,
-                                                    kolo_dtype_t dtype, kolo_op_t op,
-                                                    double prescale, double postscale,
-                                                    kolo_callback_fn cb, void *cb_arg,
-                                                    kolo_handle_t **handle);
+KOLO_API kolo_status_t kolo_grouped_allreduce_async(
+        kolo_comm_t *comm, int n, const char *const *names, const void *const *sendbufs,
+        void *const *recvbufs, const size_t *counts, kolo_dtype_t dtype, kolo_op_t op,
+        double prescale, double postscale, kolo_callback_fn cb, void *cb_arg,
+        kolo_handle_t **handle);
 
 /* Each rank contributes sendcount elements (counts may differ by rank). On
  * completion *recvbuf points to a malloc'd buffer holding every rank's
@@ -54,9 +51,9 @@ KOLO_API kolo_status_t kolo_grouped_allreduce_async(kolo_comm_t *comm, int n,
  * kolo_size() entries owned by the caller) holds rank r's count. */
 KOLO_API kolo_status_t kolo_allgather_async(kolo_comm_t *comm, const char *name,
                                             const void *sendbuf, size_t sendcount,
-                                            kolo_dtype_t dtype, void **recvbuf,
-                                            size_t *recvcounts, kolo_callback_fn cb,
-                                            void *cb_arg, kolo_handle_t **handle);
+                                            kolo_dtype_t dtype, void **recvbuf, size_t *recvcounts,
+                                            kolo_callback_fn cb, void *cb_arg,
+                                            kolo_handle_t **handle);
 
 KOLO_API kolo_status_t kolo_broadcast_async(kolo_comm_t *comm, const char *name, void *buf,
                                             size_t count, kolo_dtype_t dtype, int root,
@@ -66,20 +63,18 @@ KOLO_API kolo_status_t kolo_broadcast_async(kolo_comm_t *comm, const char *name,
 /* sendcounts[j] elements go to rank j (NULL: equal split of count, which
  * must then divide by size). On completion *recvbuf is a malloc'd buffer (the
  * caller frees it) and recvcounts[i] the number received from rank i. */
-KOLO_API kolo_status_t kolo_alltoall_async(kolo_comm_t *comm, const char *name,
-                                           const void *sendbuf, size_t count,
-                                           const size_t *sendcounts, kolo_dtype_t dtype,
-                                           void **recvbuf, size_t *recvcounts,
+KOLO_API kolo_status_t kolo_alltoall_async(kolo_comm_t *comm, const char *name, const void *sendbuf,
+                                           size_t count, const size_t *sendcounts,
+                                           kolo_dtype_t dtype, void **recvbuf, size_t *recvcounts,
                                            kolo_callback_fn cb, void *cb_arg,
                                            kolo_handle_t **handle);
 
 /* As kolo_reducescatter(): recvbuf gets kolo_reducescatter_count(count, size,
  * rank) elements. */
 KOLO_API kolo_status_t kolo_reducescatter_async(kolo_comm_t *comm, const char *name,
-                                                const void *sendbuf, void *recvbuf,
-                                                size_t count, kolo_dtype_t dtype, kolo_op_t op,
-                                                double prescale, double postscale,
-                                                kolo_callback_fn cb, void *cb_arg,
+                                                const void *sendbuf, void *recvbuf, size_t count,
+                                                kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                                double postscale, kolo_callback_fn cb, void *cb_arg,
                                                 kolo_handle_t **handle);
 
 KOLO_API kolo_status_t kolo_barrier_async(kolo_comm_t *comm, kolo_callback_fn cb, void *cb_arg,
