@@ -107,42 +107,61 @@ float kolo_bf16_to_f32(uint16_t h)
 /* ---- kernels ---------------------------------------------------------- */
 
 typedef void (*kernel_fn)(void *restrict dst, const void *restrict src, size_t n);
+typedef void (*kernel3_fn)(void *restrict dst, const void *restrict a, const void *restrict b,
+                           size_t n);
 
 #define OP_SUM(a, b)  ((a) + (b))
 #define OP_PROD(a, b) ((a) * (b))
 #define OP_MIN(a, b)  ((b) < (a) ? (b) : (a))
 #define OP_MAX(a, b)  ((b) > (a) ? (b) : (a))
 
+/* Where the compiler supports it, every kernel is also built for AVX2 and
+ * picked at load time (ifunc): twice the lanes of the x86-64 baseline. Not under
+ * sanitizers: an ifunc resolver runs before their runtime is set up. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
+        !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
+/* Each kernel comes in two forms: name(dst, src) computes dst op= src, and
+ * name3(dst, a, b) computes dst = a op b into a third buffer (an
+ * out-of-place reduction without a copy first). Operand order is the same:
+ * the first operand is dst (resp. a). */
+#define KERNEL2(name, T, EXPR)                                                                     \
+	CLONES static void name(void *restrict dv, const void *restrict sv, size_t n)              \
+	{                                                                                          \
+		T *restrict d = dv;                                                                \
+		const T *restrict s = sv;                                                          \
+		for (size_t i = 0; i < n; i++)                                                     \
+			d[i] = EXPR(d[i], s[i]);                                                   \
+	}                                                                                          \
+	CLONES static void name##3(void *restrict dv, const void *restrict av,                     \
+	                           const void *restrict bv, size_t n)                              \
+	{                                                                                          \
+		T *restrict d = dv;                                                                \
+		const T *restrict a = av;                                                          \
+		const T *restrict b = bv;                                                          \
+		for (size_t i = 0; i < n; i++)                                                     \
+			d[i] = EXPR(a[i], b[i]);                                                   \
+	}
+
 /* Integers: sum and product in the unsigned type U; min and max in T. */
 #define INT_KERNELS(name, T, U)                                                                    \
-	static void name##_sum(void *restrict dv, const void *restrict sv, size_t n)               \
-	{                                                                                          \
-		T *restrict d = dv;                                                                \
-		const T *restrict s = sv;                                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			d[i] = (T)(U)((U)d[i] + (U)s[i]);                                          \
-	}                                                                                          \
-	static void name##_prod(void *restrict dv, const void *restrict sv, size_t n)              \
-	{                                                                                          \
-		T *restrict d = dv;                                                                \
-		const T *restrict s = sv;                                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			d[i] = (T)(U)((U)d[i] * (U)s[i]);                                          \
-	}                                                                                          \
-	static void name##_min(void *restrict dv, const void *restrict sv, size_t n)               \
-	{                                                                                          \
-		T *restrict d = dv;                                                                \
-		const T *restrict s = sv;                                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			d[i] = OP_MIN(d[i], s[i]);                                                 \
-	}                                                                                          \
-	static void name##_max(void *restrict dv, const void *restrict sv, size_t n)               \
-	{                                                                                          \
-		T *restrict d = dv;                                                                \
-		const T *restrict s = sv;                                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			d[i] = OP_MAX(d[i], s[i]);                                                 \
-	}
+	KERNEL2(name##_sum, T, name##_SUM)                                                         \
+	KERNEL2(name##_prod, T, name##_PROD)                                                       \
+	KERNEL2(name##_min, T, OP_MIN)                                                             \
+	KERNEL2(name##_max, T, OP_MAX)
+
+#define i8_SUM(a, b)   ((int8_t)(uint8_t)((uint8_t)(a) + (uint8_t)(b)))
+#define i8_PROD(a, b)  ((int8_t)(uint8_t)((uint8_t)(a) * (uint8_t)(b)))
+#define u8_SUM(a, b)   ((uint8_t)((uint8_t)(a) + (uint8_t)(b)))
+#define u8_PROD(a, b)  ((uint8_t)((uint8_t)(a) * (uint8_t)(b)))
+#define i32_SUM(a, b)  ((int32_t)(uint32_t)((uint32_t)(a) + (uint32_t)(b)))
+#define i32_PROD(a, b) ((int32_t)(uint32_t)((uint32_t)(a) * (uint32_t)(b)))
+#define i64_SUM(a, b)  ((int64_t)(uint64_t)((uint64_t)(a) + (uint64_t)(b)))
+#define i64_PROD(a, b) ((int64_t)(uint64_t)((uint64_t)(a) * (uint64_t)(b)))
 
 /* uint8 products promote to int; 255 * 255 fits, so no overflow. */
 INT_KERNELS(i8, int8_t, uint8_t)
@@ -150,14 +169,7 @@ INT_KERNELS(u8, uint8_t, uint8_t)
 INT_KERNELS(i32, int32_t, uint32_t)
 INT_KERNELS(i64, int64_t, uint64_t)
 
-#define FLOAT_KERNEL(name, T, OP)                                                                  \
-	static void name(void *restrict dv, const void *restrict sv, size_t n)                     \
-	{                                                                                          \
-		T *restrict d = dv;                                                                \
-		const T *restrict s = sv;                                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			d[i] = OP(d[i], s[i]);                                                     \
-	}
+#define FLOAT_KERNEL(name, T, OP) KERNEL2(name, T, OP)
 
 FLOAT_KERNEL(f32_sum, float, OP_SUM)
 FLOAT_KERNEL(f32_prod, float, OP_PROD)
@@ -168,24 +180,29 @@ FLOAT_KERNEL(f64_prod, double, OP_PROD)
 FLOAT_KERNEL(f64_min, double, OP_MIN)
 FLOAT_KERNEL(f64_max, double, OP_MAX)
 
-/* Where the compiler supports it, the 16-bit float kernels are also built
- * for AVX2 and picked at load time (ifunc): twice the lanes. Not under
- * sanitizers: an ifunc resolver runs before their runtime is set up. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
-        !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
-#endif
-
 /* 16-bit floats: widen, combine in float32, round back; one loop. */
+#define HALF_OP(name, TO, FROM, OP)                                                                \
+	static inline uint16_t name(uint16_t a, uint16_t b)                                        \
+	{                                                                                          \
+		return FROM(OP(TO(a), TO(b)));                                                     \
+	}
 #define HALF_KERNEL(name, TO, FROM, OP)                                                            \
+	HALF_OP(name##_op, TO, FROM, OP)                                                           \
 	CLONES static void name(void *restrict dv, const void *restrict sv, size_t n)              \
 	{                                                                                          \
 		uint16_t *restrict d = dv;                                                         \
 		const uint16_t *restrict s = sv;                                                   \
 		for (size_t i = 0; i < n; i++)                                                     \
-			d[i] = FROM(OP(TO(d[i]), TO(s[i])));                                       \
+			d[i] = name##_op(d[i], s[i]);                                              \
+	}                                                                                          \
+	CLONES static void name##3(void *restrict dv, const void *restrict av,                     \
+	                           const void *restrict bv, size_t n)                              \
+	{                                                                                          \
+		uint16_t *restrict d = dv;                                                         \
+		const uint16_t *restrict a = av;                                                   \
+		const uint16_t *restrict b = bv;                                                   \
+		for (size_t i = 0; i < n; i++)                                                     \
+			d[i] = name##_op(a[i], b[i]);                                              \
 	}
 
 HALF_KERNEL(f16_sum, h2f, f2h, OP_SUM)
@@ -203,10 +220,28 @@ HALF_KERNEL(bf16_max, b2f, f2b, OP_MAX)
  * ~20 for the bit arithmetic. Same results, except that a NaN keeps its
  * payload here where the portable path writes the canonical quiet NaN. */
 #define F16C_KERNEL(name, VOP, SOP)                                                                \
+	__attribute__((target("avx,f16c"))) static void name##3(                                   \
+	        void *restrict dv, const void *restrict av, const void *restrict bv, size_t n)     \
+	{                                                                                          \
+		uint16_t *restrict d = dv;                                                         \
+		const uint16_t *restrict x = av;                                                   \
+		const uint16_t *restrict y = bv;                                                   \
+		size_t i = 0;                                                                      \
+		for (; i + 8 <= n; i += 8) {                                                       \
+			__m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));     \
+			__m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i)));     \
+			_mm_storeu_si128((__m128i *)(d + i),                                       \
+			                 _mm256_cvtps_ph(VOP(b, a), _MM_FROUND_TO_NEAREST_INT));   \
+		}                                                                                  \
+		for (; i < n; i++)                                                                 \
+			d[i] = _cvtss_sh(SOP(_cvtsh_ss(x[i]), _cvtsh_ss(y[i])),                    \
+			                 _MM_FROUND_TO_NEAREST_INT);                               \
+	}                                                                                          \
 	__attribute__((target("avx,f16c"))) static void name(void *restrict dv,                    \
 	                                                     const void *restrict sv, size_t n)    \
 	{                                                                                          \
-		uint16_t *restrict d = dv;                                                         \
+		/* In place: each block of 8 is read before it is written. */                      \
+		uint16_t *d = dv;                                                                  \
 		const uint16_t *restrict s = sv;                                                   \
 		size_t i = 0;                                                                      \
 		for (; i + 8 <= n; i += 8) {                                                       \
@@ -229,6 +264,8 @@ F16C_KERNEL(f16c_min, _mm256_min_ps, OP_MIN)
 F16C_KERNEL(f16c_max, _mm256_max_ps, OP_MAX)
 static const kernel_fn f16c_kernels[KOLO_OP_COUNT] = {f16c_sum, f16c_sum, f16c_min, f16c_max,
                                                       f16c_prod};
+static const kernel3_fn f16c_kernels3[KOLO_OP_COUNT] = {f16c_sum3, f16c_sum3, f16c_min3, f16c_max3,
+                                                        f16c_prod3};
 #endif
 
 static atomic_bool portable_only;
@@ -249,19 +286,57 @@ static const kernel_fn kernels[KOLO_DTYPE_COUNT][KOLO_OP_COUNT] = {
         [KOLO_FLOAT32] = ROW(f32), [KOLO_FLOAT64] = ROW(f64),
 };
 
+#define ROW3(p)                                                                                    \
+	{                                                                                          \
+		p##_sum3, p##_sum3, p##_min3, p##_max3, p##_prod3                                  \
+	}
+static const kernel3_fn kernels3[KOLO_DTYPE_COUNT][KOLO_OP_COUNT] = {
+        [KOLO_INT8] = ROW3(i8),     [KOLO_UINT8] = ROW3(u8),    [KOLO_INT32] = ROW3(i32),
+        [KOLO_INT64] = ROW3(i64),   [KOLO_FLOAT16] = ROW3(f16), [KOLO_BFLOAT16] = ROW3(bf16),
+        [KOLO_FLOAT32] = ROW3(f32), [KOLO_FLOAT64] = ROW3(f64),
+};
+
+static bool use_f16c(kolo_dtype_t dtype)
+{
+#ifdef HAVE_F16C_KERNELS
+	return dtype == KOLO_FLOAT16 && __builtin_cpu_supports("f16c") &&
+	       __builtin_cpu_supports("avx") &&
+	       !atomic_load_explicit(&portable_only, memory_order_relaxed);
+#else
+	(void)dtype;
+	return false;
+#endif
+}
+
 void kolo_reduce(void *dst, const void *src, size_t count, kolo_dtype_t dtype, kolo_op_t op)
 {
 	if ((unsigned)dtype >= KOLO_DTYPE_COUNT || (unsigned)op >= KOLO_OP_COUNT || count == 0)
 		return;
 #ifdef HAVE_F16C_KERNELS
-	if (dtype == KOLO_FLOAT16 && __builtin_cpu_supports("f16c") &&
-	    __builtin_cpu_supports("avx") &&
-	    !atomic_load_explicit(&portable_only, memory_order_relaxed)) {
+	if (use_f16c(dtype)) {
 		f16c_kernels[op](dst, src, count);
 		return;
 	}
 #endif
 	kernels[dtype][op](dst, src, count);
+}
+
+void kolo_reduce3(void *dst, const void *a, const void *b, size_t count, kolo_dtype_t dtype,
+                  kolo_op_t op)
+{
+	if ((unsigned)dtype >= KOLO_DTYPE_COUNT || (unsigned)op >= KOLO_OP_COUNT || count == 0)
+		return;
+	if (dst == a) {
+		kolo_reduce(dst, b, count, dtype, op);
+		return;
+	}
+#ifdef HAVE_F16C_KERNELS
+	if (use_f16c(dtype)) {
+		f16c_kernels3[op](dst, a, b, count);
+		return;
+	}
+#endif
+	kernels3[dtype][op](dst, a, b, count);
 }
 
 /* ---- scaling ---------------------------------------------------------- */

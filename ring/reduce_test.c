@@ -365,9 +365,21 @@ static void check_kernels(kolo_dtype_t dt)
 			fill_random(s, n, dt);
 			for (size_t i = 0; i < n; i++)
 				ref_elem(dt, (kolo_op_t)op, d + i * es, s + i * es, e + i * es);
-			char *d0 = malloc(n * es + 8);
+			char *d0 = malloc(n * es + 8), *o = malloc(n * es + 8);
 			memcpy(d0, d, n * es);
+			/* The three-operand form into a separate buffer, before d changes. */
+			kolo_reduce3(o, d, s, n, dt, (kolo_op_t)op);
 			kolo_reduce(d, s, n, dt, (kolo_op_t)op);
+			ck_assert_msg(n == 0 || memcmp(o, d, n * es) == 0,
+			              "%s %s n=%zu: reduce3 differs from reduce",
+			              kolo_dtype_name(dt), kolo_op_name((kolo_op_t)op), n);
+			/* dst == a is the in-place form. */
+			memcpy(o, d0, n * es);
+			kolo_reduce3(o, o, s, n, dt, (kolo_op_t)op);
+			ck_assert_msg(n == 0 || memcmp(o, d, n * es) == 0,
+			              "%s %s n=%zu: reduce3 in place differs", kolo_dtype_name(dt),
+			              kolo_op_name((kolo_op_t)op), n);
+			free(o);
 			for (size_t i = 0; i < n; i++)
 				ck_assert_msg(same_elem(dt, d + i * es, e + i * es),
 				              "%s %s n=%zu i=%zu: %llx op %llx = %llx, want %llx",

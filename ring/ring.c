@@ -555,6 +555,15 @@ static void prep(const struct stream *s, size_t off, size_t len)
 		           s->prescale);
 }
 
+/* Out of place without a prescale, this rank's data is read straight from
+ * src: the step-0 block is sent from there (work's copy of that block is
+ * only ever written, by the allgather), and each reduction reads src and the
+ * received segment and writes work, so no byte of src is copied first. */
+static bool reads_src(const struct stream *s)
+{
+	return s->src && s->src != s->work && s->prescale == 1.0;
+}
+
 static kolo_status_t run_stream(struct kolo_ring_comm *rc, const struct stream *s)
 {
 	const int n = rc->size, r = rc->rank;
@@ -592,10 +601,14 @@ static kolo_status_t run_stream(struct kolo_ring_comm *rc, const struct stream *
 		while (sposted < U && sposted < done + K && !sreq[sposted % SEND_WINDOW]) {
 			size_t step = sposted / K, k = sposted % K, off, len;
 			seg_range(s, mod(r + s->shift - (long)step, n), k, &off, &len);
-			if (step == 0 && s->nrs > 0)
-				prep(s, off, len);
-			st = kolo_isend(right, s->work + off * es, len * es,
-			                &sreq[sposted % SEND_WINDOW]);
+			const char *from = s->work + off * es;
+			if (step == 0 && s->nrs > 0) {
+				if (reads_src(s))
+					from = s->src + off * es;
+				else
+					prep(s, off, len);
+			}
+			st = kolo_isend(right, from, len * es, &sreq[sposted % SEND_WINDOW]);
 			if (st != KOLO_OK)
 				return peer_fail(rc, st, rp, "sending to");
 			sposted++;
@@ -609,10 +622,15 @@ static kolo_status_t run_stream(struct kolo_ring_comm *rc, const struct stream *
 					seg_range(s, mod(r + s->shift - (long)step - 1, n), k, &off,
 					          &len);
 					char *dst = s->work + off * es;
-					prep(s, off, len);
-					kolo_reduce(dst,
-					            rc->scratch + (done % RECV_WINDOW) * segbytes,
-					            len, s->dtype, s->op);
+					const char *in =
+					        rc->scratch + (done % RECV_WINDOW) * segbytes;
+					if (reads_src(s)) {
+						kolo_reduce3(dst, s->src + off * es, in, len,
+						             s->dtype, s->op);
+					} else {
+						prep(s, off, len);
+						kolo_reduce(dst, in, len, s->dtype, s->op);
+					}
 					if (step + 1 == (size_t)s->nrs && s->postscale != 1.0)
 						kolo_scale(dst, dst, len, s->dtype, s->postscale);
 				}

@@ -18,6 +18,11 @@
  * division is a postscale). float16/bfloat16 are computed in float32 and
  * rounded to nearest even. Vectorised at -O3. */
 void kolo_reduce(void *dst, const void *src, size_t count, kolo_dtype_t dtype, kolo_op_t op);
+/* dst[i] = a[i] (op) b[i]: the same result as copying a to dst and then
+ * kolo_reduce(dst, b), without the copy. dst may equal a; otherwise no two
+ * of the buffers may overlap. */
+void kolo_reduce3(void *dst, const void *a, const void *b, size_t count, kolo_dtype_t dtype,
+                  kolo_op_t op);
 /* Tests and benchmarks: true makes kolo_reduce use only the portable kernels
  * even where the CPU has faster instructions (float16: F16C). */
 void kolo_reduce_force_portable(bool on);
