@@ -44,7 +44,7 @@ struct kolo_transport_config {
 	const uint8_t *token; /* shared secret proving membership (may be empty) */
 	size_t token_len;
 	int timeout_ms;       /* no-progress timeout of a conn with pending work */
-	int streams;          /* parallel streams per conn (TCP); ≥ 1 */
+	int streams;          /* parallel streams per conn (TCP); 0 picks per peer */
 	const char *iface;    /* interface name or IP address; "" or NULL picks */
 	const char *route_to; /* host whose route picks the default address, or NULL */
 	int socket_buffer;    /* SO_SNDBUF/SO_RCVBUF; 0 keeps autotuning */

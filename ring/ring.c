@@ -12,6 +12,7 @@
  * most WAIT_SLICE_MS and checks for abort. On any failure every conn is
  * closed with a reset (so the peers fail fast too, and no request keeps
  * pointing into a caller's buffer) and the comm stays failed. */
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,8 +131,13 @@ static kolo_status_t idle(struct kolo_ring_comm *rc, struct waiter *w, bool prog
 		w->idle_since_ns = w->progress_ns = now;
 		return KOLO_OK;
 	}
-	if (now - w->idle_since_ns < (uint64_t)rc->cfg.spin_us * 1000u)
+	if (now - w->idle_since_ns < (uint64_t)rc->cfg.spin_us * 1000u) {
+		/* More ranks than CPUs here: the peer we wait for may need this
+		 * CPU to make the progress we wait for. */
+		if (rc->cfg.spin_yield)
+			sched_yield();
 		return KOLO_OK;
+	}
 	uint64_t waited_ms = (now - w->progress_ns) / 1000000u;
 	int slice = WAIT_SLICE_MS;
 	if (rc->cfg.timeout_ms > 0) {

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,21 @@ static bool param_is(enum kolo_param_id id, const char *a, const char *b, const 
 	return strcasecmp(v, a) == 0 || strcasecmp(v, b) == 0 || strcasecmp(v, c) == 0;
 }
 
+/* Whether a waiting rank yields its CPU while it spins: by default when this
+ * host runs more ranks than the CPUs one rank may use, where the peer whose
+ * data we wait for may be runnable on our CPU (docs/performance.md). */
+static bool spin_yield(const struct kolo_rdzv_assignment *a)
+{
+	if (param_is(KOLO_P_SPIN_YIELD, "1", "on", "true"))
+		return true;
+	if (param_is(KOLO_P_SPIN_YIELD, "0", "off", "false"))
+		return false;
+	cpu_set_t set;
+	long cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+	                                                         : sysconf(_SC_NPROCESSORS_ONLN);
+	return cpus > 0 && a->local_size > cpus;
+}
+
 /* Hierarchical allreduce (docs/hierarchical.md) when there are several hosts
  * with the same number of ranks each, contiguous per host. Every rank sees
  * the same members, so every rank decides alike. */
@@ -174,7 +190,7 @@ kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
 	        .token = (const uint8_t *)comm->token,
 	        .token_len = strlen(comm->token),
 	        .timeout_ms = (int)kolo_param_int(KOLO_P_TIMEOUT_MS),
-	        .streams = (int)KOLO_MAX(kolo_param_int(KOLO_P_TCP_STREAMS), 1),
+	        .streams = (int)KOLO_MAX(kolo_param_int(KOLO_P_TCP_STREAMS), 0),
 	        .iface = kolo_param_str(KOLO_P_IFACE),
 	        .route_to = route_to[0] ? route_to : NULL,
 	        .socket_buffer = (int)kolo_param_int(KOLO_P_SOCKET_BUFFER),
@@ -221,6 +237,7 @@ kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
 	        .segment_bytes = (size_t)kolo_param_int(KOLO_P_SEGMENT_BYTES),
 	        .timeout_ms = tc.timeout_ms,
 	        .spin_us = tc.spin_us,
+	        .spin_yield = spin_yield(a),
 	};
 	struct kolo_errbuf eb = {{0}};
 	st = kolo_ring_comm_create(&rc, &comm->ring, &eb);

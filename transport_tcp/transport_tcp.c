@@ -1221,7 +1221,7 @@ static kolo_status_t tcp_create(const struct kolo_transport_config *cfg,
 	if (cfg->token_len)
 		memcpy(t->token, cfg->token, cfg->token_len);
 	t->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
-	t->streams = KOLO_MIN(KOLO_MAX(cfg->streams, 1), KOLO_TCP_MAX_STREAMS);
+	t->streams = cfg->streams > 0 ? KOLO_MIN(cfg->streams, KOLO_TCP_MAX_STREAMS) : 0;
 	t->socket_buffer = KOLO_MAX(cfg->socket_buffer, 0);
 	int64_t cb = kolo_param_int(KOLO_P_TCP_CHUNK_BYTES);
 	t->chunk_bytes = (size_t)KOLO_MIN(KOLO_MAX(cb, (int64_t)MIN_CHUNK), (int64_t)MAX_CHUNK);
@@ -1291,6 +1291,27 @@ static kolo_status_t tcp_listen(struct kolo_transport *kt, struct kolo_transport
 	return KOLO_OK;
 }
 
+/* Whether peer is this host: a loopback address or the one we listen on.
+ * There the copies, not the wire, limit a stream, and more streams only add
+ * system calls; between hosts a second stream keeps the link busy while one
+ * waits for its window. */
+static bool same_host(const struct tcp_transport *t, const struct sockaddr_storage *peer)
+{
+	if (peer->ss_family != t->addr.ss_family)
+		return false;
+	if (peer->ss_family == AF_INET) {
+		const struct sockaddr_in *p = (const void *)peer, *me = (const void *)&t->addr;
+		return (ntohl(p->sin_addr.s_addr) >> 24) == 127 ||
+		       p->sin_addr.s_addr == me->sin_addr.s_addr;
+	}
+	if (peer->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *p = (const void *)peer, *me = (const void *)&t->addr;
+		return IN6_IS_ADDR_LOOPBACK(&p->sin6_addr) ||
+		       memcmp(&p->sin6_addr, &me->sin6_addr, sizeof(p->sin6_addr)) == 0;
+	}
+	return false;
+}
+
 static kolo_status_t tcp_connect(struct kolo_transport *kt,
                                  const struct kolo_transport_handle *peer, int peer_rank, int tag,
                                  struct kolo_conn **out)
@@ -1303,7 +1324,8 @@ static kolo_status_t tcp_connect(struct kolo_transport *kt,
 	if (!peer || kolo_tcp_handle_decode(peer, &ss, &len) != KOLO_OK)
 		return kolo_fail(&kt->err, KOLO_EINVAL, "rank %d's handle is not a TCP handle",
 		                 peer_rank);
-	struct tcp_conn *c = conn_new(t, peer_rank, tag, t->streams);
+	int nstreams = t->streams ? t->streams : same_host(t, &ss) ? 1 : 2;
+	struct tcp_conn *c = conn_new(t, peer_rank, tag, nstreams);
 	if (!c)
 		return kolo_fail(&kt->err, KOLO_ENOMEM, "out of memory");
 	tcp_addr_str(&ss, c->peer_addr, sizeof(c->peer_addr));

@@ -11,7 +11,8 @@
 
 #include "transport.h"
 
-/* Most streams one conn may have; cfg.streams is clamped to [1, this]. */
+/* Most streams one conn may have; cfg.streams is clamped to it (0 picks per
+ * peer: 1 on this host, 2 to another). */
 #define KOLO_TCP_MAX_STREAMS 16
 
 extern const struct kolo_transport_ops kolo_transport_tcp_ops;
