@@ -347,6 +347,10 @@ kolo_status_t kolo_ring_hier_enable(struct kolo_ring_comm *rc,
 		kolo_fail(eb, st, "hierarchical: measuring the links: %s", why);
 		goto fail;
 	}
+	if (hc->local_segment_bytes > 0)
+		kolo_ring_comm_tune(h->local,
+		                    kolo_ring_comm_config(h->local)->small_allreduce_bytes,
+		                    hc->local_segment_bytes);
 	if (hc->small_model) {
 		kolo_ring_comm_tune(rc, small_crossover(L, H, false, &h->cfg.shm, &h->cfg.net), 0);
 		kolo_ring_comm_tune(h->cross, small_crossover(L, H, true, &h->cfg.shm, &h->cfg.net),

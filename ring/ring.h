@@ -139,6 +139,7 @@ struct kolo_ring_hier_config {
 	struct kolo_ring_link_cost net; /* one host's link to the others */
 	bool probe;       /* measure both costs at enable (then agreed by a MAX allreduce) */
 	bool small_model; /* set the small-message thresholds from the model, not the config */
+	size_t local_segment_bytes; /* segment of the sub-comm inside a host; 0: the parent's */
 };
 
 struct kolo_ring_hier;

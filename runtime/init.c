@@ -120,6 +120,24 @@ static bool spin_yield(const struct kolo_rdzv_assignment *a)
 	return cpus > 0 && a->local_size > cpus;
 }
 
+/* Peers on this host go through shared memory unless KOLO_SHM=0. */
+static bool shm_enabled(void)
+{
+	return !param_is(KOLO_P_SHM, "0", "off", "false");
+}
+
+/* The ring's pipeline segment: KOLO_SEGMENT_BYTES, or by default 64 KiB for
+ * a ring whose hops all go through shared memory (a copy through memory
+ * costs little per message, so a deeper pipeline wins) and 256 KiB where a
+ * hop is TCP (each message costs system calls). docs/collectives.md. */
+static size_t segment_bytes(bool all_shm)
+{
+	int64_t v = kolo_param_int(KOLO_P_SEGMENT_BYTES);
+	if (v > 0)
+		return (size_t)v;
+	return all_shm ? 64u << 10 : 256u << 10;
+}
+
 /* Hierarchical allreduce (docs/hierarchical.md) when there are several hosts
  * with the same number of ranks each, contiguous per host. Every rank sees
  * the same members, so every rank decides alike. */
@@ -156,6 +174,7 @@ static kolo_status_t hier_setup(struct kolo_comm *comm)
 	        .probe = !on && kolo_param_bool(KOLO_P_COST_PROBE),
 	        .small_model =
 	                strcmp(kolo_param_source(KOLO_P_SMALL_ALLREDUCE_BYTES), "default") == 0,
+	        .local_segment_bytes = segment_bytes(shm_enabled()),
 	};
 	struct kolo_errbuf eb = {{0}};
 	kolo_status_t st = kolo_ring_hier_enable(comm->ring, &hc, &eb);
@@ -196,9 +215,7 @@ kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
 	        .socket_buffer = (int)kolo_param_int(KOLO_P_SOCKET_BUFFER),
 	        .spin_us = (int)kolo_param_int(KOLO_P_SPIN_US),
 	};
-	/* Peers on this host go through shared memory unless KOLO_SHM=0. */
-	const char *shm = kolo_param_str(KOLO_P_SHM);
-	bool use_shm = strcmp(shm, "0") != 0 && strcmp(shm, "off") != 0;
+	bool use_shm = shm_enabled(), all_shm = use_shm;
 	bool *same_host = calloc((size_t)a->size, sizeof(bool));
 	if (!same_host)
 		return kolo_comm_fail(comm, KOLO_ENOMEM, "out of memory");
@@ -207,6 +224,8 @@ kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
 		if (m->rank >= 0 && m->rank < a->size)
 			same_host[m->rank] = strcmp(m->host, comm->host) == 0;
 	}
+	for (int r = 0; r < a->size; r++)
+		all_shm = all_shm && same_host[r];
 	struct kolo_errbuf teb = {{0}};
 	kolo_status_t st =
 	        kolo_hybrid_create(&tc, same_host, use_shm ? &kolo_transport_shm_ops : NULL,
@@ -234,7 +253,7 @@ kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
 	        .lookup = lookup_peer,
 	        .lookup_ctx = comm,
 	        .small_allreduce_bytes = (size_t)kolo_param_int(KOLO_P_SMALL_ALLREDUCE_BYTES),
-	        .segment_bytes = (size_t)kolo_param_int(KOLO_P_SEGMENT_BYTES),
+	        .segment_bytes = segment_bytes(all_shm),
 	        .timeout_ms = tc.timeout_ms,
 	        .spin_us = tc.spin_us,
 	        .spin_yield = spin_yield(a),
