@@ -132,6 +132,8 @@ small)
 	hosts 4 0
 	job small_ring 4 1 KOLO_SMALL_ALLREDUCE_BYTES=0 -- allreduce -b 8 -e 8 -n 2000 -w 200
 	job small_rd 4 1 -- allreduce -b 8 -e 8 -n 2000 -w 200
+	# the 4 hosts share this machine's CPUs, which no host can see by itself
+	job small_rd_yield 4 1 KOLO_SPIN_YIELD=1 -- allreduce -b 8 -e 8 -n 2000 -w 200
 	;;
 peers)
 	rate=${1:-1000}
