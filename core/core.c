@@ -2,6 +2,8 @@
 #include "core.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +18,8 @@
 KOLO_API const char *kolo_strerror(kolo_status_t status)
 {
 	switch (status) {
-#define X(name, value, text) \
-	case KOLO_##name:    \
+#define X(name, value, text)                                                                       \
+	case KOLO_##name:                                                                          \
 		return text;
 		KOLO_STATUS_MAP(X)
 #undef X
@@ -28,8 +30,8 @@ KOLO_API const char *kolo_strerror(kolo_status_t status)
 KOLO_API const char *kolo_status_name(kolo_status_t status)
 {
 	switch (status) {
-#define X(name, value, text) \
-	case KOLO_##name:    \
+#define X(name, value, text)                                                                       \
+	case KOLO_##name:                                                                          \
 		return "KOLO_" #name;
 		KOLO_STATUS_MAP(X)
 #undef X
@@ -41,15 +43,15 @@ static const struct {
 	const char *name;
 	size_t size;
 } dtypes[KOLO_DTYPE_COUNT] = {
-	[KOLO_INT8] = {"int8", 1},         [KOLO_UINT8] = {"uint8", 1},
-	[KOLO_INT32] = {"int32", 4},       [KOLO_INT64] = {"int64", 8},
-	[KOLO_FLOAT16] = {"float16", 2},   [KOLO_BFLOAT16] = {"bfloat16", 2},
-	[KOLO_FLOAT32] = {"float32", 4},   [KOLO_FLOAT64] = {"float64", 8},
+        [KOLO_INT8] = {"int8", 1},       [KOLO_UINT8] = {"uint8", 1},
+        [KOLO_INT32] = {"int32", 4},     [KOLO_INT64] = {"int64", 8},
+        [KOLO_FLOAT16] = {"float16", 2}, [KOLO_BFLOAT16] = {"bfloat16", 2},
+        [KOLO_FLOAT32] = {"float32", 4}, [KOLO_FLOAT64] = {"float64", 8},
 };
 
 static const char *const ops[KOLO_OP_COUNT] = {
-	[KOLO_SUM] = "sum", [KOLO_AVERAGE] = "average", [KOLO_MIN] = "min",
-	[KOLO_MAX] = "max", [KOLO_PRODUCT] = "product",
+        [KOLO_SUM] = "sum", [KOLO_AVERAGE] = "average", [KOLO_MIN] = "min",
+        [KOLO_MAX] = "max", [KOLO_PRODUCT] = "product",
 };
 
 KOLO_API size_t kolo_dtype_size(kolo_dtype_t dtype)
@@ -67,8 +69,8 @@ KOLO_API kolo_status_t kolo_dtype_parse(const char *name, kolo_dtype_t *out)
 	static const struct {
 		const char *alias;
 		kolo_dtype_t dtype;
-	} aliases[] = {{"half", KOLO_FLOAT16}, {"bf16", KOLO_BFLOAT16}, {"float", KOLO_FLOAT32},
-	               {"double", KOLO_FLOAT64}, {"int", KOLO_INT32},   {"fp16", KOLO_FLOAT16},
+	} aliases[] = {{"half", KOLO_FLOAT16},   {"bf16", KOLO_BFLOAT16}, {"float", KOLO_FLOAT32},
+	               {"double", KOLO_FLOAT64}, {"int", KOLO_INT32},     {"fp16", KOLO_FLOAT16},
 	               {"fp32", KOLO_FLOAT32},   {"fp64", KOLO_FLOAT64}};
 	if (!name)
 		return KOLO_EINVAL;
@@ -157,7 +159,8 @@ uint64_t kolo_wall_us(void)
 
 void kolo_sleep_ms(uint64_t ms)
 {
-	struct timespec ts = {.tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms % 1000) * 1000000L};
+	struct timespec ts = {.tv_sec = (time_t)(ms / 1000),
+	                      .tv_nsec = (long)(ms % 1000) * 1000000L};
 	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
 		;
 }
@@ -268,6 +271,87 @@ kolo_status_t kolo_read_file(const char *path, size_t max, char **out, size_t *l
 	if (len)
 		*len = n;
 	return KOLO_OK;
+}
+
+int kolo_cpu_quota_parse(const char *text)
+{
+	char quota[32];
+	long long period = 0;
+	if (!text || sscanf(text, "%31s %lld", quota, &period) != 2 || period <= 0)
+		return 0;
+	char *end;
+	errno = 0;
+	long long q = strtoll(quota, &end, 10);
+	if (errno || *end || q <= 0) /* "max" or -1: no limit */
+		return 0;
+	long long n = (q + period - 1) / period;
+	return n > INT_MAX ? INT_MAX : (int)n;
+}
+
+/* The quota of cgroup v1, whose two numbers live in two files. */
+static int cpu_quota_v1(void)
+{
+	char *q = NULL, *p = NULL, text[96];
+	int n = 0;
+	if (kolo_read_file("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", 64, &q, NULL) == KOLO_OK &&
+	    kolo_read_file("/sys/fs/cgroup/cpu/cpu.cfs_period_us", 64, &p, NULL) == KOLO_OK &&
+	    kolo_strfmt(text, sizeof(text), "%s %s", q, p) == KOLO_OK)
+		n = kolo_cpu_quota_parse(text);
+	free(q);
+	free(p);
+	return n;
+}
+
+/* The tightest cpu.max of cgroup v2 from this process's cgroup up to the
+ * root (in a container with its own cgroup namespace the path is "/"). */
+static int cpu_quota_v2(void)
+{
+	char *self = NULL;
+	if (kolo_read_file("/proc/self/cgroup", 4096, &self, NULL) != KOLO_OK)
+		return 0;
+	char *line = strstr(self, "0::");
+	if (!line || (line != self && line[-1] != '\n')) {
+		free(self);
+		return 0; /* no cgroup v2 */
+	}
+	char path[1024];
+	size_t len = strcspn(line + 3, "\n");
+	while (len > 0 && line[3 + len - 1] == '/')
+		len--;
+	if (kolo_strfmt(path, sizeof(path), "/sys/fs/cgroup%.*s", (int)len, line + 3) != KOLO_OK) {
+		free(self);
+		return 0;
+	}
+	free(self);
+	int best = 0;
+	for (;;) {
+		char file[1100], *max = NULL;
+		if (kolo_strfmt(file, sizeof(file), "%s/cpu.max", path) == KOLO_OK &&
+		    kolo_read_file(file, 64, &max, NULL) == KOLO_OK) {
+			int q = kolo_cpu_quota_parse(max);
+			if (q > 0 && (best == 0 || q < best))
+				best = q;
+		}
+		free(max);
+		if (strcmp(path, "/sys/fs/cgroup") == 0)
+			break;
+		*strrchr(path, '/') = '\0';
+	}
+	return best;
+}
+
+int kolo_cpu_count(void)
+{
+	cpu_set_t set;
+	long n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+	                                                      : sysconf(_SC_NPROCESSORS_ONLN);
+	/* Hybrid hierarchies keep the cpu controller in v1. */
+	int quota = cpu_quota_v2();
+	if (quota <= 0)
+		quota = cpu_quota_v1();
+	if (quota > 0 && quota < n)
+		n = quota;
+	return n > 0 ? (int)KOLO_MIN(n, (long)INT_MAX) : 1;
 }
 
 kolo_status_t kolo_hostname(char *out, size_t size)

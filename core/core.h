@@ -12,9 +12,9 @@
 #include "kolo/kolo.h"
 
 #define KOLO_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-#define KOLO_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define KOLO_MAX(a, b) ((a) > (b) ? (a) : (b))
-#define kolo_container_of(ptr, type, member) \
+#define KOLO_MIN(a, b)     ((a) < (b) ? (a) : (b))
+#define KOLO_MAX(a, b)     ((a) > (b) ? (a) : (b))
+#define kolo_container_of(ptr, type, member)                                                       \
 	((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
 /* ---- logging ---------------------------------------------------------- */
@@ -39,24 +39,24 @@ bool kolo_log_enabled(enum kolo_log_level level, const char *subsys);
 void kolo_log_set_level(enum kolo_log_level level);
 /* Writes one line to stderr (text or JSON per KOLO_LOG_FORMAT). Thread-safe. */
 void kolo_log(enum kolo_log_level level, const char *subsys, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+        __attribute__((format(printf, 3, 4)));
 
 #define KOLO_TRACE(subsys, ...) kolo_log(KOLO_LOG_TRACE, subsys, __VA_ARGS__)
 #define KOLO_DEBUG(subsys, ...) kolo_log(KOLO_LOG_DEBUG, subsys, __VA_ARGS__)
-#define KOLO_INFO(subsys, ...) kolo_log(KOLO_LOG_INFO, subsys, __VA_ARGS__)
-#define KOLO_WARN(subsys, ...) kolo_log(KOLO_LOG_WARN, subsys, __VA_ARGS__)
+#define KOLO_INFO(subsys, ...)  kolo_log(KOLO_LOG_INFO, subsys, __VA_ARGS__)
+#define KOLO_WARN(subsys, ...)  kolo_log(KOLO_LOG_WARN, subsys, __VA_ARGS__)
 #define KOLO_ERROR(subsys, ...) kolo_log(KOLO_LOG_ERROR, subsys, __VA_ARGS__)
 
 /* Returns `st` from the current function when it is not KOLO_OK, logging the
  * place at debug level. */
-#define KOLO_CHECK(expr)                                                               \
-	do {                                                                           \
-		kolo_status_t check_st_ = (expr);                                      \
-		if (check_st_ != KOLO_OK) {                                            \
-			KOLO_DEBUG("core", "%s:%d: %s -> %s", __FILE__, __LINE__, #expr, \
-			           kolo_status_name(check_st_));                       \
-			return check_st_;                                              \
-		}                                                                      \
+#define KOLO_CHECK(expr)                                                                           \
+	do {                                                                                       \
+		kolo_status_t check_st_ = (expr);                                                  \
+		if (check_st_ != KOLO_OK) {                                                        \
+			KOLO_DEBUG("core", "%s:%d: %s -> %s", __FILE__, __LINE__, #expr,           \
+			           kolo_status_name(check_st_));                                   \
+			return check_st_;                                                          \
+		}                                                                                  \
 	} while (0)
 
 /* ---- error messages --------------------------------------------------- */
@@ -69,7 +69,7 @@ struct kolo_errbuf {
 /* Formats the message into eb (when not NULL), logs it at debug level and
  * returns st, so that `return kolo_fail(eb, KOLO_EINVAL, "...")` reads well. */
 kolo_status_t kolo_fail(struct kolo_errbuf *eb, kolo_status_t st, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+        __attribute__((format(printf, 3, 4)));
 
 /* ---- parameters ------------------------------------------------------- */
 
@@ -135,10 +135,18 @@ bool kolo_consttime_streq(const char *a, const char *b);
 
 /* snprintf that reports truncation: KOLO_EINVAL when out was too small. */
 kolo_status_t kolo_strfmt(char *out, size_t size, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+        __attribute__((format(printf, 3, 4)));
 /* Reads a whole small file (≤ max bytes) into a new NUL-terminated buffer,
  * trailing whitespace removed. The caller frees *out. */
 kolo_status_t kolo_read_file(const char *path, size_t max, char **out, size_t *len);
+/* CPUs this process can use: those of its affinity mask, capped by a cgroup
+ * CPU quota (cgroup v2 cpu.max, or v1 cfs_quota_us / cfs_period_us), rounded
+ * up. A container limited to 2 CPUs on a 64-CPU node counts 2. ≥ 1. */
+int kolo_cpu_count(void);
+/* The CPUs a quota allows, rounded up: quota / period as in cgroup v2's
+ * cpu.max ("max 100000" or "200000 100000"). 0 when there is no limit or the
+ * text is not a quota. For tests. */
+int kolo_cpu_quota_parse(const char *cpu_max);
 /* The host name to report: KOLO_HOSTNAME when set, else gethostname(). */
 kolo_status_t kolo_hostname(char *out, size_t size);
 /* The job's shared secret from KOLO_TOKEN or KOLO_TOKEN_FILE; "" when none.

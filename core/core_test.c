@@ -1,3 +1,4 @@
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,9 +86,9 @@ START_TEST(hmac_rfc4231)
 {
 	/* RFC 4231 test case 2. */
 	static const uint8_t want[KOLO_HMAC_SIZE] = {
-		0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e, 0x6a, 0x04, 0x24,
-		0x26, 0x08, 0x95, 0x75, 0xc7, 0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27,
-		0x39, 0x83, 0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43};
+	        0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e, 0x6a, 0x04, 0x24,
+	        0x26, 0x08, 0x95, 0x75, 0xc7, 0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27,
+	        0x39, 0x83, 0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43};
 	uint8_t got[KOLO_HMAC_SIZE];
 	const char *msg = "what do ya want for nothing?";
 	kolo_hmac_sha256("Jefe", 4, msg, strlen(msg), got);
@@ -109,6 +110,26 @@ START_TEST(random_hex_distinct)
 	ck_assert_str_ne(a, b);
 	for (int i = 0; i < 1000; i++)
 		ck_assert_uint_lt(kolo_random_below(7), 7);
+}
+END_TEST
+
+START_TEST(cpu_quota)
+{
+	ck_assert_int_eq(kolo_cpu_quota_parse("max 100000"), 0);
+	ck_assert_int_eq(kolo_cpu_quota_parse("200000 100000"), 2);
+	ck_assert_int_eq(kolo_cpu_quota_parse("150000 100000"), 2); /* 1.5 CPUs: rounded up */
+	ck_assert_int_eq(kolo_cpu_quota_parse("50000 100000"), 1);
+	ck_assert_int_eq(kolo_cpu_quota_parse("-1 100000"), 0); /* cgroup v1: no limit */
+	ck_assert_int_eq(kolo_cpu_quota_parse("100000 0"), 0);
+	ck_assert_int_eq(kolo_cpu_quota_parse("100000"), 0);
+	ck_assert_int_eq(kolo_cpu_quota_parse("abc 100000"), 0);
+	ck_assert_int_eq(kolo_cpu_quota_parse(""), 0);
+	ck_assert_int_eq(kolo_cpu_quota_parse(NULL), 0);
+	cpu_set_t set;
+	ck_assert_int_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+	int n = kolo_cpu_count();
+	ck_assert_int_ge(n, 1);
+	ck_assert_int_le(n, CPU_COUNT(&set));
 }
 END_TEST
 
@@ -135,6 +156,7 @@ static Suite *core_suite(void)
 	tcase_add_test(tc, hmac_rfc4231);
 	tcase_add_test(tc, random_hex_distinct);
 	tcase_add_test(tc, fail_formats);
+	tcase_add_test(tc, cpu_quota);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,7 +105,8 @@ static bool param_is(enum kolo_param_id id, const char *a, const char *b, const 
 }
 
 /* Whether a waiting rank yields its CPU while it spins: by default when this
- * host runs more ranks than the CPUs one rank may use, where the peer whose
+ * host runs more ranks than the CPUs one rank may use (its affinity mask,
+ * capped by a container's CPU quota), where the peer whose
  * data we wait for may be runnable on our CPU (docs/performance.md). */
 static bool spin_yield(const struct kolo_rdzv_assignment *a)
 {
@@ -114,10 +114,7 @@ static bool spin_yield(const struct kolo_rdzv_assignment *a)
 		return true;
 	if (param_is(KOLO_P_SPIN_YIELD, "0", "off", "false"))
 		return false;
-	cpu_set_t set;
-	long cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
-	                                                         : sysconf(_SC_NPROCESSORS_ONLN);
-	return cpus > 0 && a->local_size > cpus;
+	return a->local_size > kolo_cpu_count();
 }
 
 /* Peers on this host go through shared memory unless KOLO_SHM=0. */

@@ -680,7 +680,10 @@ static void body_shutdown(struct world *w, int rank, struct kolo_ring_comm *rc)
 		if (kolo_engine_enqueue(e, &op, &h[k], &eb) != KOLO_OK)
 			world_fail(w, "enqueue: %s", eb.msg);
 	}
-	/* Only rank 0 shuts down: the others learn it through the negotiation. */
+	/* Only rank 0 shuts down: the others learn it through the negotiation.
+	 * Not before every rank has enqueued: an engine that has learned of the
+	 * shutdown refuses new work, which is right but not what is tested. */
+	world_sync(w);
 	if (rank == 0)
 		kolo_engine_shutdown(e);
 	for (int k = 0; k < 8; k++) {
