@@ -534,6 +534,11 @@ static kolo_status_t enter(struct kolo_ring_comm *rc, const char *coll, kolo_dty
  * pipeline spans all steps. */
 struct stream {
 	char *work;
+	/* Reduce-scatter only (nag == 0), instead of a full-size work: the block
+	 * a rank produces at RS step t (t = -1: its prescaled step-0 block) lives
+	 * in rot[(t + 2) % 2] until step t + 1 has sent it, so two block-sized
+	 * buffers replace a copy of the whole input. */
+	char *rot[2];
 	const char *src;  /* reduce-scatter: where each block's own data comes from */
 	double prescale;  /* applied when src is copied in */
 	double postscale; /* applied to each segment the last RS step finishes */
@@ -553,12 +558,23 @@ static void seg_range(const struct stream *s, int b, size_t k, size_t *off, size
 	*len = hi - lo;
 }
 
-/* First touch of a segment in reduce-scatter: bring in this rank's data. */
-static void prep(const struct stream *s, size_t off, size_t len)
+/* Where the segment at element offset off of block b lives once RS step t
+ * (-1 ≤ t < nrs) has produced it; in work for every block otherwise. */
+static char *blk(const struct stream *s, long t, int b, size_t off)
 {
-	if (s->src && (s->src != s->work || s->prescale != 1.0))
-		kolo_scale(s->work + off * s->esize, s->src + off * s->esize, len, s->dtype,
-		           s->prescale);
+	if (!s->rot[0])
+		return s->work + off * s->esize;
+	return s->rot[(t + 2) % 2] + (off - s->boff[b]) * s->esize;
+}
+
+/* First touch of a segment in reduce-scatter: bring in this rank's data. */
+static void prep(const struct stream *s, char *dst, size_t off, size_t len)
+{
+	if (!s->src)
+		return;
+	const char *from = s->src + off * s->esize;
+	if (from != dst || s->prescale != 1.0)
+		kolo_scale(dst, from, len, s->dtype, s->prescale);
 }
 
 /* Out of place without a prescale, this rank's data is read straight from
@@ -567,7 +583,7 @@ static void prep(const struct stream *s, size_t off, size_t len)
  * received segment and writes work, so no byte of src is copied first. */
 static bool reads_src(const struct stream *s)
 {
-	return s->src && s->src != s->work && s->prescale == 1.0;
+	return s->src && (s->rot[0] || s->src != s->work) && s->prescale == 1.0;
 }
 
 static kolo_status_t run_stream(struct kolo_ring_comm *rc, const struct stream *s)
@@ -606,35 +622,39 @@ static kolo_status_t run_stream(struct kolo_ring_comm *rc, const struct stream *
 		/* A send of step > 0 waits for the same segment of the step before. */
 		while (sposted < U && sposted < done + K && !sreq[sposted % SEND_WINDOW]) {
 			size_t step = sposted / K, k = sposted % K, off, len;
-			seg_range(s, mod(r + s->shift - (long)step, n), k, &off, &len);
-			const char *from = s->work + off * es;
+			int b = mod(r + s->shift - (long)step, n);
+			seg_range(s, b, k, &off, &len);
+			const char *from = blk(s, (long)step - 1, b, off);
 			if (step == 0 && s->nrs > 0) {
 				if (reads_src(s))
 					from = s->src + off * es;
 				else
-					prep(s, off, len);
+					prep(s, (char *)from, off, len);
 			}
 			st = kolo_isend(right, from, len * es, &sreq[sposted % SEND_WINDOW]);
 			if (st != KOLO_OK)
 				return peer_fail(rc, st, rp, "sending to");
 			sposted++;
 		}
-		if (done < rposted) {
+		/* With rotating buffers, RS step t overwrites the block of step
+		 * t - 2, which step t - 1 sends: that send must be complete. */
+		bool hold = s->rot[0] && done / K >= 1 && sdone <= done - K;
+		if (done < rposted && !hold) {
 			struct kolo_req **req = &rreq[done % RECV_WINDOW];
 			KOLO_CHECK(poll_req(rc, req, lp, "receiving from", &progressed));
 			if (!*req) {
 				size_t step = done / K, k = done % K, off, len;
 				if (step < (size_t)s->nrs) {
-					seg_range(s, mod(r + s->shift - (long)step - 1, n), k, &off,
-					          &len);
-					char *dst = s->work + off * es;
+					int b = mod(r + s->shift - (long)step - 1, n);
+					seg_range(s, b, k, &off, &len);
+					char *dst = blk(s, (long)step, b, off);
 					const char *in =
 					        rc->scratch + (done % RECV_WINDOW) * segbytes;
 					if (reads_src(s)) {
 						kolo_reduce3(dst, s->src + off * es, in, len,
 						             s->dtype, s->op);
 					} else {
-						prep(s, off, len);
+						prep(s, dst, off, len);
 						kolo_reduce(dst, in, len, s->dtype, s->op);
 					}
 					if (step + 1 == (size_t)s->nrs && s->postscale != 1.0)
@@ -846,12 +866,9 @@ kolo_status_t kolo_ring_reducescatter(struct kolo_ring_comm *rc, const void *sen
 	const size_t es = kolo_dtype_size(dtype);
 	if (op == KOLO_AVERAGE)
 		postscale /= n;
-	size_t total = 0, before = 0;
-	for (int i = 0; i < n; i++) {
-		if (i < r)
-			before += counts[i];
+	size_t total = 0;
+	for (int i = 0; i < n; i++)
 		total += counts[i];
-	}
 	if (total == 0)
 		return KOLO_OK;
 	if (n == 1) {
@@ -862,19 +879,24 @@ kolo_status_t kolo_ring_reducescatter(struct kolo_ring_comm *rc, const void *sen
 	}
 	size_t *lay;
 	KOLO_CHECK(alloc_layout(rc, &lay));
-	if (rc->work_size < total * es) {
-		char *p = realloc(rc->work, total * es);
+	size_t maxblock = 0;
+	for (int i = 0; i < n; i++)
+		maxblock = KOLO_MAX(maxblock, counts[i]);
+	const size_t half = maxblock * es;
+	if (rc->work_size < 2 * half) {
+		char *p = realloc(rc->work, 2 * half);
 		if (!p) {
 			free(lay);
-			return fail(rc, KOLO_ENOMEM, "cannot allocate %zu bytes", total * es);
+			return fail(rc, KOLO_ENOMEM, "cannot allocate %zu bytes", 2 * half);
 		}
 		rc->work = p;
-		rc->work_size = total * es;
+		rc->work_size = 2 * half;
 	}
-	char *work = rc->work;
-	/* Step s sends block r-1-s, so the last step leaves block r here. */
+	/* Step s sends block r-1-s, so the last step (n - 2) leaves block r
+	 * in rot[n % 2]; it is copied out once every send is done, which lets
+	 * recvbuf overlap sendbuf anywhere. */
 	struct stream s = {
-	        .work = work,
+	        .rot = {rc->work, rc->work + half},
 	        .src = sendbuf,
 	        .prescale = prescale,
 	        .postscale = postscale,
@@ -888,7 +910,7 @@ kolo_status_t kolo_ring_reducescatter(struct kolo_ring_comm *rc, const void *sen
 	stream_layout(rc, &s, counts, lay, lay + n);
 	kolo_status_t st = run_stream(rc, &s);
 	if (st == KOLO_OK && counts[r] > 0)
-		memmove(recvbuf, work + before * es, counts[r] * es);
+		memmove(recvbuf, s.rot[n % 2], counts[r] * es);
 	free(lay);
 	return st;
 }
