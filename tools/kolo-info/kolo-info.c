@@ -102,7 +102,9 @@ static void params_text(bool defaults_only)
 static void build_info(void)
 {
 	printf("kolo %s\n", KOLO_VERSION_STRING);
-	printf("transports: tcp\n");
+	printf("transports: tcp (between hosts), shm (between ranks of one host)\n");
+	printf("usable cpus: %d (affinity mask, capped by the cgroup CPU quota)\n",
+	       kolo_cpu_count());
 	printf("cuda headers: %s\n", KOLO_HAVE_CUDA ? "found" : "not found");
 	printf("nccl headers: %s\n", KOLO_HAVE_NCCL ? "found" : "not found");
 #if defined(__SANITIZE_ADDRESS__)
