@@ -1,25 +1,29 @@
 /* server: the rendezvous HTTP server (libmicrohttpd + jansson).
  *
- * One mutex guards all state. libmicrohttpd runs its own epoll thread; long
- * polls (assignment, KV get with a timeout) suspend their connection and are
- * resumed by whoever makes them ready: a request that forms a round or puts a
- * key, or the timer thread, which drives settle periods, lease expiry, poll
- * deadlines, disconnect detection and progress logs. A resumed connection
- * re-enters the access handler, which sends the response prepared for it.
- * docs/rendezvous.md is the contract. */
+ * One mutex guards all state. One thread of ours runs libmicrohttpd's epoll
+ * set (see http_main); long polls (assignment, KV get with a timeout) suspend
+ * their connection and are resumed by whoever makes them ready: a request
+ * that forms a round or puts a key, or the timer thread, which drives settle
+ * periods, lease expiry, poll deadlines, disconnect detection and progress
+ * logs. A resumed connection re-enters the access handler, which sends the
+ * response prepared for it. docs/rendezvous.md is the contract. */
 #include "rendezvous.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -257,6 +261,10 @@ struct kolo_rdzv_server {
 	pthread_cond_t idle_cond; /* inflight reached 0 */
 	pthread_t timer;
 	bool timer_started;
+	pthread_t http; /* runs the daemon: http_main */
+	bool http_started;
+	atomic_bool http_stop;
+	int wake_fd; /* eventfd: wakes http_main */
 	bool stopping;
 	uint64_t timer_next;
 	uint64_t last_liveness;
@@ -349,6 +357,11 @@ static void waiter_wake(struct kolo_rdzv_server *s, struct req *r, int code, cha
 	r->resp_len = len;
 	r->binary = binary;
 	MHD_resume_connection(r->conn);
+	/* Without an internal thread libmicrohttpd has no wake-up channel of
+	 * its own: http_main has to look, even when this runs in MHD_run. */
+	uint64_t one = 1;
+	ssize_t n = write(s->wake_fd, &one, sizeof(one));
+	(void)n; /* a full counter already wakes it */
 }
 
 static char *json_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -1664,6 +1677,36 @@ static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
 
 /* ---- lifecycle -------------------------------------------------------- */
 
+/* Runs the daemon. Not libmicrohttpd's own polling thread: in 0.9.75 it
+ * drains epoll in batches of 128 events, every epoll_wait with the timeout
+ * computed before the first, so when the events come in an exact multiple of
+ * 128 (255 resumed polls re-entering the epoll set plus one request, say)
+ * the last call blocks with connections already marked ready, until an
+ * unrelated event or an idle timeout. MHD_run never blocks, and
+ * MHD_get_timeout is 0 while a connection has work pending. */
+static void *http_main(void *arg)
+{
+	struct kolo_rdzv_server *s = arg;
+	const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_EPOLL_FD);
+	struct pollfd p[2] = {{.fd = di ? di->epoll_fd : -1, .events = POLLIN},
+	                      {.fd = s->wake_fd, .events = POLLIN}};
+	while (!atomic_load(&s->http_stop)) {
+		MHD_UNSIGNED_LONG_LONG t;
+		int ms = -1;
+		if (MHD_get_timeout(s->d, &t) == MHD_YES)
+			ms = (int)KOLO_MIN(t, (MHD_UNSIGNED_LONG_LONG)INT_MAX);
+		if (poll(p, 2, ms) < 0 && errno != EINTR) {
+			KOLO_ERROR(SUB, "poll: %s", strerror(errno));
+			break;
+		}
+		uint64_t v;
+		ssize_t n = p[1].revents ? read(s->wake_fd, &v, sizeof(v)) : 0;
+		(void)n; /* drained before MHD_run, so no wake-up is lost */
+		MHD_run(s->d);
+	}
+	return NULL;
+}
+
 static kolo_status_t open_listener(const char *listen_addr, int *fd_out, int *port_out,
                                    struct kolo_errbuf *eb)
 {
@@ -1736,6 +1779,8 @@ kolo_status_t kolo_rdzv_server_start(const struct kolo_rdzv_server_config *cfg,
 	if (s->cfg.lease_ms <= 0)
 		s->cfg.lease_ms = 10000;
 	s->listen_fd = -1;
+	s->wake_fd = -1;
+	atomic_init(&s->http_stop, false);
 	kolo_status_t st;
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_condattr_t ca;
@@ -1748,21 +1793,31 @@ kolo_status_t kolo_rdzv_server_start(const struct kolo_rdzv_server_config *cfg,
 		st = kolo_fail(eb, KOLO_ENOMEM, "out of memory");
 		goto fail;
 	}
+	s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (s->wake_fd < 0) {
+		st = kolo_fail(eb, KOLO_ESYSTEM, "eventfd: %s", strerror(errno));
+		goto fail;
+	}
 	st = open_listener(cfg->listen && *cfg->listen ? cfg->listen : "0.0.0.0:29470",
 	                   &s->listen_fd, &s->port, eb);
 	if (st != KOLO_OK)
 		goto fail;
-	s->d = MHD_start_daemon(
-	        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0,
-	        NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-	        MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_LISTEN_SOCKET,
-	        s->listen_fd, MHD_OPTION_CONNECTION_LIMIT, (unsigned)16384,
-	        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)IDLE_TIMEOUT_S,
-	        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+	s->d = MHD_start_daemon(MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG, 0,
+	                        NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+	                        NULL, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+	                        MHD_OPTION_LISTEN_SOCKET, s->listen_fd, MHD_OPTION_CONNECTION_LIMIT,
+	                        (unsigned)16384, MHD_OPTION_CONNECTION_TIMEOUT,
+	                        (unsigned)IDLE_TIMEOUT_S, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+	                        s, MHD_OPTION_END);
 	if (!s->d) {
 		st = kolo_fail(eb, KOLO_ESYSTEM, "cannot start the HTTP daemon");
 		goto fail;
 	}
+	if (pthread_create(&s->http, NULL, http_main, s) != 0) {
+		st = kolo_fail(eb, KOLO_ESYSTEM, "cannot start the HTTP thread");
+		goto fail;
+	}
+	s->http_started = true;
 	if (pthread_create(&s->timer, NULL, timer_main, s) != 0) {
 		st = kolo_fail(eb, KOLO_ESYSTEM, "cannot start the timer thread");
 		goto fail;
@@ -1816,10 +1871,20 @@ void kolo_rdzv_server_stop(struct kolo_rdzv_server *s)
 				break;
 		}
 		pthread_mutex_unlock(&s->lock);
-		MHD_stop_daemon(s->d);
 	}
+	if (s->http_started) {
+		atomic_store(&s->http_stop, true);
+		uint64_t one = 1;
+		ssize_t n = write(s->wake_fd, &one, sizeof(one));
+		(void)n;
+		pthread_join(s->http, NULL);
+	}
+	if (s->d)
+		MHD_stop_daemon(s->d);
 	if (s->listen_fd >= 0)
 		close(s->listen_fd);
+	if (s->wake_fd >= 0)
+		close(s->wake_fd);
 	map_fini(&s->jobs, free_job);
 	free(s->token);
 	pthread_cond_destroy(&s->cond);
