@@ -188,22 +188,7 @@ FLOAT_KERNEL(f64_max, double, OP_MAX)
 	}
 #define HALF_KERNEL(name, TO, FROM, OP)                                                            \
 	HALF_OP(name##_op, TO, FROM, OP)                                                           \
-	CLONES static void name(void *restrict dv, const void *restrict sv, size_t n)              \
-	{                                                                                          \
-		uint16_t *restrict d = dv;                                                         \
-		const uint16_t *restrict s = sv;                                                   \
-		for (size_t i = 0; i < n; i++)                                                     \
-			d[i] = name##_op(d[i], s[i]);                                              \
-	}                                                                                          \
-	CLONES static void name##3(void *restrict dv, const void *restrict av,                     \
-	                           const void *restrict bv, size_t n)                              \
-	{                                                                                          \
-		uint16_t *restrict d = dv;                                                         \
-		const uint16_t *restrict a = av;                                                   \
-		const uint16_t *restrict b = bv;                                                   \
-		for (size_t i = 0; i < n; i++)                                                     \
-			d[i] = name##_op(a[i], b[i]);                                              \
-	}
+	KERNEL2(name, uint16_t, name##_op)
 
 HALF_KERNEL(f16_sum, h2f, f2h, OP_SUM)
 HALF_KERNEL(f16_prod, h2f, f2h, OP_PROD)
@@ -220,12 +205,12 @@ HALF_KERNEL(bf16_max, b2f, f2b, OP_MAX)
  * ~20 for the bit arithmetic. Same results, except that a NaN keeps its
  * payload here where the portable path writes the canonical quiet NaN. */
 #define F16C_KERNEL(name, VOP, SOP)                                                                \
-	__attribute__((target("avx,f16c"))) static void name##3(                                   \
-	        void *restrict dv, const void *restrict av, const void *restrict bv, size_t n)     \
+	/* dv may equal av: each block of 8 is read before it is written. */                       \
+	__attribute__((target("avx,f16c"))) static void name##3(void *dv, const void *av,          \
+	                                                        const void *bv, size_t n)          \
 	{                                                                                          \
-		uint16_t *restrict d = dv;                                                         \
-		const uint16_t *restrict x = av;                                                   \
-		const uint16_t *restrict y = bv;                                                   \
+		uint16_t *d = dv;                                                                  \
+		const uint16_t *x = av, *y = bv;                                                   \
 		size_t i = 0;                                                                      \
 		for (; i + 8 <= n; i += 8) {                                                       \
 			__m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));     \
@@ -237,22 +222,9 @@ HALF_KERNEL(bf16_max, b2f, f2b, OP_MAX)
 			d[i] = _cvtss_sh(SOP(_cvtsh_ss(x[i]), _cvtsh_ss(y[i])),                    \
 			                 _MM_FROUND_TO_NEAREST_INT);                               \
 	}                                                                                          \
-	__attribute__((target("avx,f16c"))) static void name(void *restrict dv,                    \
-	                                                     const void *restrict sv, size_t n)    \
+	__attribute__((target("avx,f16c"))) static void name(void *dv, const void *sv, size_t n)   \
 	{                                                                                          \
-		/* In place: each block of 8 is read before it is written. */                      \
-		uint16_t *d = dv;                                                                  \
-		const uint16_t *restrict s = sv;                                                   \
-		size_t i = 0;                                                                      \
-		for (; i + 8 <= n; i += 8) {                                                       \
-			__m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + i)));     \
-			__m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i)));     \
-			_mm_storeu_si128((__m128i *)(d + i),                                       \
-			                 _mm256_cvtps_ph(VOP(b, a), _MM_FROUND_TO_NEAREST_INT));   \
-		}                                                                                  \
-		for (; i < n; i++)                                                                 \
-			d[i] = _cvtss_sh(SOP(_cvtsh_ss(d[i]), _cvtsh_ss(s[i])),                    \
-			                 _MM_FROUND_TO_NEAREST_INT);                               \
+		name##3(dv, dv, sv, n);                                                            \
 	}
 
 /* VOP(b, a) with b = src, a = dst: minps(b, a) = b < a ? b : a = OP_MIN(a, b). */
