@@ -26,7 +26,7 @@
 
 #define KOLO_TRANSPORT_HANDLE_SIZE 128
 #define KOLO_TRANSPORT_MAGIC       0x6b6f6c6fu /* "kolo" */
-#define KOLO_WIRE_VERSION          1
+#define KOLO_WIRE_VERSION          2
 
 /* What listen() publishes and connect() consumes. Opaque to everyone but the
  * transport that wrote it; the first 4 bytes are KOLO_TRANSPORT_MAGIC. */

@@ -25,11 +25,16 @@
 #define NONCE_SIZE     32
 #define CHALLENGE_SIZE (8 + NONCE_SIZE)
 /* hello: magic, version, job[128], round, src, dst, tag, stream, nstreams,
- * reserved, mac[32]; the MAC covers nonce || hello[0, HELLO_MAC_OFF). */
-#define HELLO_MAC_OFF (8 + JOB_FIELD + 8 + 6 * 4)
-#define HELLO_SIZE    (HELLO_MAC_OFF + KOLO_HMAC_SIZE)
-#define REASON_SIZE   128
-#define VERDICT_SIZE  (8 + REASON_SIZE)
+ * reserved, cnonce[32], mac[32]; the MAC covers nonce || hello[0, HELLO_MAC_OFF).
+ * verdict: magic, status, reason[128], mac[32]; an acceptance's MAC covers
+ * cnonce || nonce || verdict[0, VERDICT_MAC_OFF), so the connector knows that
+ * the acceptor holds the token too. */
+#define HELLO_CNONCE_OFF (8 + JOB_FIELD + 8 + 6 * 4)
+#define HELLO_MAC_OFF    (HELLO_CNONCE_OFF + NONCE_SIZE)
+#define HELLO_SIZE       (HELLO_MAC_OFF + KOLO_HMAC_SIZE)
+#define REASON_SIZE      128
+#define VERDICT_MAC_OFF  (8 + REASON_SIZE)
+#define VERDICT_SIZE     (VERDICT_MAC_OFF + KOLO_HMAC_SIZE)
 /* chunk header: magic, len, seq, offset, message length */
 #define HDR_SIZE    32
 #define CHUNK_MAGIC 0x4b434855u
@@ -40,7 +45,7 @@
 #define STREAM_BUDGET (8u << 20)
 #define MAX_PENDING   1024
 
-_Static_assert(HELLO_SIZE == 200, "hello layout");
+_Static_assert(HELLO_SIZE == 232 && VERDICT_SIZE == 168, "handshake layout");
 _Static_assert(HELLO_SIZE >= VERDICT_SIZE && HELLO_SIZE >= CHALLENGE_SIZE, "handshake buffer");
 
 static void put32(uint8_t *p, uint32_t v)
@@ -114,7 +119,8 @@ struct tcp_stream {
 	struct poll_ref ref;
 	uint32_t ev_reg; /* events registered with epoll */
 	enum stream_state state;
-	uint8_t hs[HELLO_SIZE]; /* handshake bytes */
+	uint8_t hs[HELLO_SIZE];                         /* handshake bytes */
+	uint8_t anonce[NONCE_SIZE], cnonce[NONCE_SIZE]; /* the acceptor's and ours */
 	size_t hs_off, hs_len;
 	/* send: the chunk being written */
 	struct tcp_req *sreq;
@@ -160,6 +166,7 @@ struct tcp_pending {
 	uint32_t ev_reg;
 	enum pending_state state;
 	uint8_t nonce[NONCE_SIZE];
+	uint8_t cnonce[NONCE_SIZE]; /* the connector's, from its hello */
 	uint8_t buf[HELLO_SIZE];
 	size_t off, len;
 	uint64_t deadline_ms;
@@ -558,7 +565,20 @@ static void stream_recv(struct tcp_conn *c, struct tcp_stream *s)
 
 /* ---- connector handshake ----------------------------------------------- */
 
-static void build_hello(struct tcp_conn *c, int idx, const uint8_t *nonce, uint8_t *h)
+/* The MAC an acceptance carries: HMAC(token, cnonce || nonce || verdict
+ * without its MAC). */
+static void verdict_mac(const struct tcp_transport *t, const uint8_t *cnonce, const uint8_t *nonce,
+                        const uint8_t *v, uint8_t *out)
+{
+	uint8_t msg[2 * NONCE_SIZE + VERDICT_MAC_OFF];
+	memcpy(msg, cnonce, NONCE_SIZE);
+	memcpy(msg + NONCE_SIZE, nonce, NONCE_SIZE);
+	memcpy(msg + 2 * NONCE_SIZE, v, VERDICT_MAC_OFF);
+	kolo_hmac_sha256(t->token, t->token_len, msg, sizeof(msg), out);
+}
+
+static void build_hello(struct tcp_conn *c, int idx, const uint8_t *nonce, const uint8_t *cnonce,
+                        uint8_t *h)
 {
 	const struct tcp_transport *t = c->t;
 	memset(h, 0, HELLO_SIZE);
@@ -571,6 +591,7 @@ static void build_hello(struct tcp_conn *c, int idx, const uint8_t *nonce, uint8
 	put32(h + 152, (uint32_t)c->base.tag);
 	put32(h + 156, (uint32_t)idx);
 	put32(h + 160, (uint32_t)c->nstreams);
+	memcpy(h + HELLO_CNONCE_OFF, cnonce, NONCE_SIZE);
 	uint8_t msg[NONCE_SIZE + HELLO_MAC_OFF];
 	memcpy(msg, nonce, NONCE_SIZE);
 	memcpy(msg + NONCE_SIZE, h, HELLO_MAC_OFF);
@@ -635,9 +656,12 @@ static void stream_handshake(struct tcp_conn *c, struct tcp_stream *s, short rev
 				          c->peer_addr, c->base.peer_rank, KOLO_WIRE_VERSION);
 				return;
 			}
-			uint8_t nonce[NONCE_SIZE];
-			memcpy(nonce, s->hs + 8, NONCE_SIZE);
-			build_hello(c, idx, nonce, s->hs);
+			memcpy(s->anonce, s->hs + 8, NONCE_SIZE);
+			if (kolo_random_bytes(s->cnonce, NONCE_SIZE) != KOLO_OK) {
+				conn_fail(c, KOLO_ESYSTEM, "no random bytes for the handshake");
+				return;
+			}
+			build_hello(c, idx, s->anonce, s->cnonce, s->hs);
 			s->state = SS_WRITE_HELLO;
 			s->hs_off = 0;
 			s->hs_len = HELLO_SIZE;
@@ -661,6 +685,15 @@ static void stream_handshake(struct tcp_conn *c, struct tcp_stream *s, short rev
 				kolo_status_t kst = st == KOLO_EAUTH ? KOLO_EAUTH : KOLO_EPROTO;
 				conn_fail(c, kst, "rank %d (%s) refused the connection: %s",
 				          c->base.peer_rank, c->peer_addr, reason);
+				return;
+			}
+			uint8_t mac[KOLO_HMAC_SIZE];
+			verdict_mac(c->t, s->cnonce, s->anonce, s->hs, mac);
+			if (!kolo_consttime_equal(mac, s->hs + VERDICT_MAC_OFF, KOLO_HMAC_SIZE)) {
+				conn_fail(c, KOLO_EAUTH,
+				          "rank %d (%s) accepted stream %d without proving the job "
+				          "token: not our peer",
+				          c->base.peer_rank, c->peer_addr, idx);
 				return;
 			}
 			s->state = SS_READY;
@@ -825,12 +858,16 @@ static void pending_free(struct tcp_transport *t, struct tcp_pending *p)
 	free(p);
 }
 
-static void pending_verdict(struct tcp_pending *p, kolo_status_t st, const char *reason)
+/* A refusal carries no MAC: it only ends a connection. */
+static void pending_verdict(const struct tcp_transport *t, struct tcp_pending *p, kolo_status_t st,
+                            const char *reason)
 {
 	memset(p->buf, 0, VERDICT_SIZE);
 	put32(p->buf, KOLO_TRANSPORT_MAGIC);
 	put32(p->buf + 4, (uint32_t)st);
 	memcpy(p->buf + 8, reason, strnlen(reason, REASON_SIZE - 1)); /* NUL-padded */
+	if (st == KOLO_OK)
+		verdict_mac(t, p->cnonce, p->nonce, p->buf, p->buf + VERDICT_MAC_OFF);
 	p->verdict = st;
 	p->state = PS_WRITE_VERDICT;
 	p->off = 0;
@@ -849,7 +886,7 @@ static void refuse(struct tcp_transport *t, struct tcp_pending *p, kolo_status_t
 	vsnprintf(reason, sizeof(reason), fmt, ap);
 	va_end(ap);
 	KOLO_WARN(SUBSYS, "refused a connection from %s to %s: %s", p->peer, t->addr_str, reason);
-	pending_verdict(p, st, reason);
+	pending_verdict(t, p, st, reason);
 }
 
 static struct tcp_conn *find_incoming(struct tcp_transport *t, int src, int tag)
@@ -883,6 +920,7 @@ static void pending_check_hello(struct tcp_transport *t, struct tcp_pending *p)
 		refuse(t, p, KOLO_EAUTH, "wrong job token");
 		return;
 	}
+	memcpy(p->cnonce, h + HELLO_CNONCE_OFF, NONCE_SIZE);
 	char job[JOB_FIELD + 1];
 	memcpy(job, h + 8, JOB_FIELD);
 	job[JOB_FIELD] = '\0';
@@ -935,7 +973,7 @@ static void pending_check_hello(struct tcp_transport *t, struct tcp_pending *p)
 	c->streams[stream].state = SS_RESERVED;
 	p->target = c;
 	p->stream = (int)stream;
-	pending_verdict(p, KOLO_OK, "accepted");
+	pending_verdict(t, p, KOLO_OK, "accepted");
 }
 
 /* The verdict is written: hand an accepted stream to its conn. */

@@ -1,10 +1,17 @@
-/* Unit tests of transport_tcp: address choice, the listen handle, IPv6. The
+/* Unit tests of transport_tcp: address choice, the listen handle, IPv6, and
+ * that an acceptor must prove the job token. The
  * transport's behaviour is tested by tests/transport/ (conformance, faults). */
 #include <arpa/inet.h>
 #include <check.h>
+#include <endian.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include "tcp_internal.h"
 #include "testutil.h"
 #include "transport_tcp.h"
 
@@ -149,6 +156,159 @@ START_TEST(ipv6_loopback)
 }
 END_TEST
 
+/* ---- a listener that does not hold the token ---------------------------- */
+
+/* Plays the acceptor's side of the handshake by hand (docs/transport.md):
+ * challenge, read the hello, accept it with a verdict whose MAC is made with
+ * `token`, then count the bytes the connector sends before it closes. */
+struct rogue {
+	int lfd;
+	const char *token;
+	int hello_bytes; /* read of the hello */
+	long data_bytes; /* received after the verdict */
+	bool closed;     /* the connector closed or reset after the verdict */
+};
+
+static void le32(uint8_t *p, uint32_t v)
+{
+	v = htole32(v);
+	memcpy(p, &v, 4);
+}
+
+static bool read_full(int fd, uint8_t *buf, size_t len, int timeout_ms)
+{
+	size_t got = 0;
+	while (got < len) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (poll(&p, 1, timeout_ms) <= 0)
+			return false;
+		ssize_t n = recv(fd, buf + got, len - got, 0);
+		if (n <= 0)
+			return false;
+		got += (size_t)n;
+	}
+	return true;
+}
+
+static void *rogue_main(void *arg)
+{
+	struct rogue *r = arg;
+	struct pollfd lp = {.fd = r->lfd, .events = POLLIN};
+	if (poll(&lp, 1, 5000) <= 0)
+		return NULL;
+	int fd = accept(r->lfd, NULL, NULL);
+	if (fd < 0)
+		return NULL;
+	uint8_t ch[40] = {0}, hello[232], v[168] = {0}, msg[64 + 136];
+	le32(ch, KOLO_TRANSPORT_MAGIC);
+	le32(ch + 4, KOLO_WIRE_VERSION);
+	for (int i = 0; i < 32; i++)
+		ch[8 + i] = (uint8_t)(3 * i + 5);
+	if (send(fd, ch, sizeof(ch), MSG_NOSIGNAL) != (ssize_t)sizeof(ch) ||
+	    !read_full(fd, hello, sizeof(hello), 5000)) {
+		close(fd);
+		return NULL;
+	}
+	r->hello_bytes = (int)sizeof(hello);
+	le32(v, KOLO_TRANSPORT_MAGIC); /* status 0: accepted */
+	memcpy(v + 8, "accepted", 8);
+	memcpy(msg, hello + 168, 32); /* the connector's nonce */
+	memcpy(msg + 32, ch + 8, 32);
+	memcpy(msg + 64, v, 136);
+	kolo_hmac_sha256(r->token, strlen(r->token), msg, sizeof(msg), v + 136);
+	if (send(fd, v, sizeof(v), MSG_NOSIGNAL) != (ssize_t)sizeof(v)) {
+		close(fd);
+		return NULL;
+	}
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (poll(&p, 1, 3000) <= 0)
+			break; /* neither data nor a close */
+		char buf[4096];
+		ssize_t n = recv(fd, buf, sizeof(buf), 0);
+		if (n <= 0) {
+			r->closed = true;
+			break;
+		}
+		r->data_bytes += n;
+		if (r->data_bytes >= 32 + 1000)
+			break; /* chunk header and payload: the data reached us */
+	}
+	close(fd);
+	return NULL;
+}
+
+/* Connects to a rogue listener that accepts with a MAC made from `token`,
+ * sends 1000 bytes, and returns the send's final status (KOLO_OK when it
+ * completed). The transport's token is "secret". */
+static kolo_status_t send_to_rogue(const char *token, struct rogue *r)
+{
+	static const char secret[] = "secret";
+	memset(r, 0, sizeof(*r));
+	r->token = token;
+	r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_storage ss = {0};
+	struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+	a->sin_family = AF_INET;
+	a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	socklen_t len = sizeof(*a);
+	ck_assert_int_eq(bind(r->lfd, (struct sockaddr *)a, len), 0);
+	ck_assert_int_eq(listen(r->lfd, 4), 0);
+	ck_assert_int_eq(getsockname(r->lfd, (struct sockaddr *)&ss, &len), 0);
+	struct kolo_transport_handle h;
+	tcp_handle_encode(&ss, &h);
+	pthread_t th;
+	ck_assert_int_eq(pthread_create(&th, NULL, rogue_main, r), 0);
+
+	struct kolo_transport_config cfg = {.job = "j",
+	                                    .round = 1,
+	                                    .rank = 0,
+	                                    .size = 2,
+	                                    .token = (const uint8_t *)secret,
+	                                    .token_len = strlen(secret),
+	                                    .timeout_ms = 5000,
+	                                    .streams = 1,
+	                                    .iface = "127.0.0.1"};
+	const struct kolo_transport_ops *ops = &kolo_transport_tcp_ops;
+	struct kolo_transport *t = NULL;
+	ck_assert_int_eq(ops->create(&cfg, &t), KOLO_OK);
+	struct kolo_conn *c = NULL;
+	ck_assert_int_eq(ops->connect(t, &h, 1, 9, &c), KOLO_OK);
+	char buf[1000];
+	memset(buf, 0x5a, sizeof(buf));
+	struct kolo_req *req = NULL;
+	kolo_status_t st = ops->isend(c, buf, sizeof(buf), &req);
+	bool done = false;
+	uint64_t end = kolo_now_ms() + 8000;
+	while (st == KOLO_OK && !done && kolo_now_ms() < end) {
+		st = ops->test(req, &done);
+		if (st == KOLO_OK && !done)
+			ops->wait(t, 5);
+	}
+	if (st == KOLO_OK && !done)
+		st = KOLO_ETIMEDOUT;
+	ops->close(c);
+	ops->destroy(t);
+	pthread_join(th, NULL);
+	close(r->lfd);
+	return st;
+}
+
+START_TEST(acceptor_must_prove_token)
+{
+	struct rogue r;
+	/* Control: a listener that holds the token is a peer; the data reaches it. */
+	ck_assert_int_eq(send_to_rogue("secret", &r), KOLO_OK);
+	ck_assert_int_eq(r.hello_bytes, 232);
+	ck_assert_int_ge(r.data_bytes, 32 + 1000);
+	/* One that does not gets an EAUTH at the verdict and not a byte of data. */
+	ck_assert_int_eq(send_to_rogue("not-the-token", &r), KOLO_EAUTH);
+	ck_assert_int_eq(r.hello_bytes, 232);
+	ck_assert_int_eq(r.data_bytes, 0);
+	ck_assert(r.closed);
+}
+END_TEST
+
 static Suite *tcp_suite(void)
 {
 	Suite *s = suite_create("transport_tcp");
@@ -158,6 +318,7 @@ static Suite *tcp_suite(void)
 	tcase_add_test(tc, pick_by_route);
 	tcase_add_test(tc, handle_roundtrip);
 	tcase_add_test(tc, ipv6_loopback);
+	tcase_add_test(tc, acceptor_must_prove_token);
 	suite_add_tcase(s, tc);
 	return s;
 }

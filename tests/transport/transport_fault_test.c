@@ -87,13 +87,16 @@ struct hello {
 	const char *token;
 };
 
-/* Speaks the connector's side of the handshake by hand; returns the
- * verdict's status (-1: no verdict). */
+/* Speaks the connector's side of the handshake by hand (docs/transport.md,
+ * wire version 2); returns the verdict's status (-1: no verdict). An
+ * acceptance must prove the token: its MAC is checked against h->token. */
 static int raw_handshake(int fd, const struct hello *h, struct kolo_transport *t)
 {
 	uint8_t ch[40];
 	ck_assert_uint_eq(raw_read(fd, ch, sizeof(ch), t, 5000), sizeof(ch));
-	uint8_t msg[32 + 168], out[200] = {0};
+	uint8_t msg[32 + 200], out[232] = {0}, cnonce[32];
+	for (int i = 0; i < 32; i++)
+		cnonce[i] = (uint8_t)(i * 7 + 1);
 	put32(out, KOLO_TRANSPORT_MAGIC);
 	put32(out + 4, KOLO_WIRE_VERSION);
 	memcpy(out + 8, h->job, strlen(h->job));
@@ -103,15 +106,25 @@ static int raw_handshake(int fd, const struct hello *h, struct kolo_transport *t
 	put32(out + 152, (uint32_t)h->tag);
 	put32(out + 156, h->stream);
 	put32(out + 160, h->nstreams);
+	memcpy(out + 168, cnonce, 32);
 	memcpy(msg, ch + 8, 32);
-	memcpy(msg + 32, out, 168);
-	kolo_hmac_sha256(h->token, strlen(h->token), msg, sizeof(msg), out + 168);
+	memcpy(msg + 32, out, 200);
+	kolo_hmac_sha256(h->token, strlen(h->token), msg, sizeof(msg), out + 200);
 	ck_assert_int_eq(send(fd, out, sizeof(out), MSG_NOSIGNAL), (ssize_t)sizeof(out));
-	uint8_t v[136];
+	uint8_t v[168];
 	if (raw_read(fd, v, sizeof(v), t, 5000) != sizeof(v))
 		return -1;
 	uint32_t st;
 	memcpy(&st, v + 4, 4);
+	if (le32toh(st) == 0) {
+		uint8_t vm[64 + 136], mac[32];
+		memcpy(vm, cnonce, 32);
+		memcpy(vm + 32, ch + 8, 32);
+		memcpy(vm + 64, v, 136);
+		kolo_hmac_sha256(h->token, strlen(h->token), vm, sizeof(vm), mac);
+		ck_assert_msg(memcmp(mac, v + 136, 32) == 0,
+		              "the acceptance does not prove the token");
+	}
 	return (int)le32toh(st);
 }
 
