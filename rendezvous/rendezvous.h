@@ -62,6 +62,8 @@ struct kolo_rdzv_server_config {
 	int max_np;         /* 0: no limit */
 	int settle_ms;
 	int lease_ms;
+	int64_t job_retain_ms; /* forget a job idle (no workers, polls or requests) this long; 0
+	                          never */
 	bool log_json;
 };
 

@@ -210,10 +210,11 @@ struct job {
 	uint64_t last_claim_ms; /* the last re-registration placed in a claimed round */
 	uint64_t last_wait_log_ms;
 	uint64_t next_seq;
-	struct map evicted;  /* id -> reason (strdup) */
-	char dropped[1024];  /* who left since the last round, for its log line */
-	struct map kv;       /* key -> struct kv_val */
-	struct req *waiters; /* long polls of this job */
+	struct map evicted;      /* id -> reason (strdup) */
+	char dropped[1024];      /* who left since the last round, for its log line */
+	uint64_t last_active_ms; /* the last request that named the job */
+	struct map kv;           /* key -> struct kv_val */
+	struct req *waiters;     /* long polls of this job */
 };
 
 struct kv_val {
@@ -685,9 +686,55 @@ static void drop_worker(struct kolo_rdzv_server *s, struct job *j, struct worker
 	free(w);
 }
 
+/* A job that no worker, held poll or request has used for job_retain_ms
+ * has finished: forget it. */
+static bool job_idle(const struct kolo_rdzv_server *s, const struct job *j, uint64_t now)
+{
+	return s->cfg.job_retain_ms > 0 && j->n_workers == 0 && !j->waiters &&
+	       now >= j->last_active_ms + (uint64_t)s->cfg.job_retain_ms;
+}
+
+/* Frees a job with its configuration, KV store and eviction records. With
+ * lock held; the job has no workers and no waiters. */
+static void job_forget(struct kolo_rdzv_server *s, struct job *j, uint64_t now)
+{
+	MAP_FOREACH(&j->kv, e)
+	{
+		const struct kv_val *v = e->val;
+		s->kv_keys--;
+		s->kv_bytes -= v->len;
+	}
+	KOLO_INFO(SUB, "job %s forgotten: no workers or requests for %" PRIu64 " s", j->name,
+	          (now - j->last_active_ms) / 1000);
+	map_del(&s->jobs, j->name);
+	free_job(j);
+}
+
+/* Forgets every idle job. With lock held. */
+static void jobs_sweep(struct kolo_rdzv_server *s, uint64_t now)
+{
+	bool again = true;
+	while (again) {
+		again = false;
+		MAP_FOREACH(&s->jobs, e)
+		{
+			if (job_idle(s, e->val, now)) {
+				job_forget(s, e->val, now);
+				again = true; /* the map changed under us */
+				break;
+			}
+		}
+	}
+}
+
 static struct job *job_get(struct kolo_rdzv_server *s, const char *name, bool create)
 {
+	uint64_t now = kolo_now_ms();
 	struct job *j = map_get(&s->jobs, name);
+	if (j)
+		j->last_active_ms = now;
+	if (!j && create && s->jobs.n >= JOBS_MAX)
+		jobs_sweep(s, now);
 	if (j || !create || s->jobs.n >= JOBS_MAX)
 		return j;
 	j = calloc(1, sizeof(*j));
@@ -699,8 +746,9 @@ static struct job *job_get(struct kolo_rdzv_server *s, const char *name, bool cr
 	j->cfg.settle_ms = KOLO_MAX(s->cfg.settle_ms, 0);
 	if (j->cfg.max_np && j->cfg.max_np < j->cfg.min_np)
 		j->cfg.max_np = j->cfg.min_np;
-	j->last_join_ms = kolo_now_ms();
-	j->last_wait_log_ms = j->last_join_ms;
+	j->last_join_ms = now;
+	j->last_wait_log_ms = now;
+	j->last_active_ms = now;
 	bool ok;
 	map_put(&s->jobs, name, j, &ok);
 	if (!ok) {
@@ -742,9 +790,12 @@ static uint64_t timer_pass(struct kolo_rdzv_server *s, uint64_t now)
 	bool liveness = now >= s->last_liveness + LIVENESS_MS;
 	if (liveness)
 		s->last_liveness = now;
+	jobs_sweep(s, now);
 	MAP_FOREACH(&s->jobs, je)
 	{
 		struct job *j = je->val;
+		if (s->cfg.job_retain_ms > 0 && j->n_workers == 0 && !j->waiters)
+			next = KOLO_MIN(next, j->last_active_ms + (uint64_t)s->cfg.job_retain_ms);
 		/* Leases. */
 		bool again = true;
 		while (again) {

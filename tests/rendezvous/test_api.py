@@ -579,6 +579,36 @@ def test_kv():
         expect(s.stop() == 0)
 
 
+def test_job_retention():
+    # A job with no workers, polls or requests for --job-retain-ms is forgotten
+    # (configuration, KV, evictions); one with a worker is kept.
+    s = Server("--job-retain-ms", "400")
+    try:
+        c = Client(s.port)
+        st, b = c.json("PUT", "/v1/jobs/old", {"min_np": 3})
+        expect(st == 200 and b["min_np"] == 3, (st, b))
+        st, _, _ = c.req("PUT", "/v1/jobs/old/kv/addr/0", b"12345")
+        expect(st == 204)
+        wid = join(c, "busy", "h0")
+        t0 = time.monotonic()
+        # only /metrics while waiting: a request naming the job keeps it
+        wait_for(lambda: metric(s.port, "kolo_rdzv_kv_keys") == 0, timeout=10,
+                 what="the idle job forgotten")
+        expect(time.monotonic() - t0 >= 0.3, "forgotten too early")
+        expect(metric(s.port, "kolo_rdzv_kv_bytes") == 0)
+        st, b = c.json("GET", "/v1/jobs/old")
+        expect_error(st, b, 404, "unknown job")
+        st, b = c.json("GET", "/v1/jobs/busy")
+        expect(st == 200 and [w["worker_id"] for w in b["waiting"] + b["members"]] == [wid], b)
+        # a forgotten job starts afresh with the server's defaults
+        st, b = c.json("PUT", "/v1/jobs/old", {})
+        expect(st == 200 and b["min_np"] == 1, (st, b))
+        expect("job old forgotten" in s.log(), s.log())
+        c.close()
+    finally:
+        expect(s.stop() == 0)
+
+
 def test_disconnect_mid_poll():
     s = Server()
     try:

@@ -24,6 +24,9 @@ static void usage(FILE *f)
 	        "  --settle-ms MS       form a round when no one joined for MS (KOLO_SETTLE_MS, "
 	        "2000)\n"
 	        "  --lease-ms MS        evict a worker silent for MS (KOLO_LEASE_MS, 10000)\n"
+	        "  --job-retain-ms MS   forget a job (its configuration, KV and evictions) that\n"
+	        "                       had no workers, polls or requests for MS; 0 never\n"
+	        "                       (KOLO_JOB_RETAIN_MS, 3600000)\n"
 	        "  --log-format F       text or json (KOLO_LOG_FORMAT, text)\n"
 	        "  --help, --version\n"
 	        "The HTTP API is described in docs/rendezvous.md.\n",
@@ -59,6 +62,7 @@ int main(int argc, char **argv)
 		O_MAX,
 		O_SETTLE,
 		O_LEASE,
+		O_RETAIN,
 		O_LOGF,
 		O_HELP,
 		O_VER
@@ -70,13 +74,14 @@ int main(int argc, char **argv)
 	        {"max-np", required_argument, NULL, O_MAX},
 	        {"settle-ms", required_argument, NULL, O_SETTLE},
 	        {"lease-ms", required_argument, NULL, O_LEASE},
+	        {"job-retain-ms", required_argument, NULL, O_RETAIN},
 	        {"log-format", required_argument, NULL, O_LOGF},
 	        {"help", no_argument, NULL, O_HELP},
 	        {"version", no_argument, NULL, O_VER},
 	        {NULL, 0, NULL, 0},
 	};
 	const char *listen_addr = NULL, *token_file = NULL, *log_format = NULL;
-	int min_np = -1, max_np = -1, settle_ms = -1, lease_ms = -1;
+	int min_np = -1, max_np = -1, settle_ms = -1, lease_ms = -1, retain_ms = -1;
 	int c;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		bool ok = true;
@@ -98,6 +103,9 @@ int main(int argc, char **argv)
 			break;
 		case O_LEASE:
 			ok = parse_int(optarg, 1, &lease_ms);
+			break;
+		case O_RETAIN:
+			ok = parse_int(optarg, 0, &retain_ms);
 			break;
 		case O_LOGF:
 			log_format = optarg;
@@ -138,10 +146,12 @@ int main(int argc, char **argv)
 		settle_ms = (int)kolo_param_int(KOLO_P_SETTLE_MS);
 	if (lease_ms < 0)
 		lease_ms = (int)kolo_param_int(KOLO_P_LEASE_MS);
-	if (min_np < 1 || max_np < 0 || settle_ms < 0 || lease_ms < 1 ||
+	if (retain_ms < 0)
+		retain_ms = (int)kolo_param_int(KOLO_P_JOB_RETAIN_MS);
+	if (min_np < 1 || max_np < 0 || settle_ms < 0 || lease_ms < 1 || retain_ms < 0 ||
 	    (max_np && max_np < min_np)) {
 		fprintf(stderr, "kolo-rendezvous: need min-np >= 1, max-np 0 or >= min-np, "
-		                "settle-ms >= 0, lease-ms >= 1\n");
+		                "settle-ms >= 0, lease-ms >= 1, job-retain-ms >= 0\n");
 		return 2;
 	}
 
@@ -180,6 +190,7 @@ int main(int argc, char **argv)
 	        .max_np = max_np,
 	        .settle_ms = settle_ms,
 	        .lease_ms = lease_ms,
+	        .job_retain_ms = retain_ms,
 	        .log_json = log_format && strcmp(log_format, "json") == 0,
 	};
 	struct kolo_rdzv_server *srv = NULL;
