@@ -589,14 +589,23 @@ static void job_tick(struct kolo_rdzv_server *s, struct job *j, uint64_t now)
 		if (j->n_workers >= j->cfg.min_np && j->n_workers > 0) {
 			form_round(s, j);
 		} else {
-			/* Members that all left gracefully are a job finishing, not
-			 * a failure: say so quietly. */
+			/* Members that all left gracefully are a job finishing (or
+			 * shrinking by choice), not a failure: say so quietly. */
 			bool only_left =
 			        !strstr(j->dropped, "lease") && !strstr(j->dropped, "failed");
-			kolo_log(only_left ? KOLO_LOG_INFO : KOLO_LOG_WARN, SUB,
-			         "job %s round %" PRId64 ": %d workers left, below min_np %d; "
-			         "waiting; dropped=[%s]",
-			         j->name, j->round, j->n_workers, j->cfg.min_np, j->dropped);
+			if (only_left)
+				KOLO_INFO(
+				        SUB,
+				        "job %s round %" PRId64 " ended: %d workers remain, fewer "
+				        "than min_np %d; dropped=[%s]",
+				        j->name, j->round, j->n_workers, j->cfg.min_np, j->dropped);
+			else
+				KOLO_WARN(SUB,
+				          "job %s round %" PRId64
+				          ": %d workers left, below min_np %d; "
+				          "waiting; dropped=[%s]",
+				          j->name, j->round, j->n_workers, j->cfg.min_np,
+				          j->dropped);
 			j->dropped[0] = '\0';
 			clear_membership(j);
 			j->running = false;
