@@ -840,6 +840,20 @@ void kolo_rdzv_heartbeat_state(struct kolo_rdzv_client *c, struct kolo_rdzv_hb_s
 	pthread_mutex_unlock(&c->lock);
 }
 
+kolo_status_t kolo_rdzv_rejoin(struct kolo_rdzv_client *c)
+{
+	/* The heartbeat thread ended when it saw the eviction. */
+	kolo_rdzv_heartbeat_stop(c);
+	pthread_mutex_lock(&c->lock);
+	c->round = 0;
+	c->rank = -1;
+	c->hb = (struct kolo_rdzv_hb_state){.last = KOLO_OK};
+	int period = c->hb_period_ms;
+	pthread_mutex_unlock(&c->lock);
+	KOLO_CHECK(kolo_rdzv_join(c));
+	return kolo_rdzv_heartbeat_start(c, period);
+}
+
 /* ---- leave, failures, job configuration ------------------------------ */
 
 static char *leave_path(struct kolo_rdzv_client *c, struct req *q)

@@ -160,6 +160,9 @@ void kolo_rdzv_heartbeat_stop(struct kolo_rdzv_client *c);
 void kolo_rdzv_heartbeat_state(struct kolo_rdzv_client *c, struct kolo_rdzv_hb_state *out);
 /* Tells the client which round and rank it holds, for re-registration. */
 void kolo_rdzv_set_membership(struct kolo_rdzv_client *c, int64_t round, int rank);
+/* Joins again as a new worker (a fresh id, no round or rank held) after the
+ * server evicted this one, and restarts the heartbeat at its old period. */
+kolo_status_t kolo_rdzv_rejoin(struct kolo_rdzv_client *c);
 /* DELETE /workers/{id}. */
 kolo_status_t kolo_rdzv_leave(struct kolo_rdzv_client *c);
 /* POST /failures. */

@@ -236,11 +236,29 @@ KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm)
 			        " (KOLO_ELASTIC_TIMEOUT_MS): fewer than min-np workers "
 			        "remain and none joined",
 			        timeout, round);
+		if (st == KOLO_EMEMBERSHIP &&
+		    comm->rejoins < kolo_param_int(KOLO_P_ELASTIC_REJOINS)) {
+			/* Alive after all (a long pause, a false report): come
+			 * back as a new worker; the others grow the job again. */
+			KOLO_WARN(SUBSYS,
+			          "the rendezvous evicted this worker (%s); joining again as a "
+			          "new worker",
+			          kolo_rdzv_client_error(comm->rdzv));
+			comm->rejoins++;
+			st = kolo_rdzv_rejoin(comm->rdzv);
+			if (st != KOLO_OK)
+				return kolo_comm_fail(comm, st, "kolo_reform: joining again: %s",
+				                      kolo_rdzv_client_error(comm->rdzv));
+			suspect = -1;
+			at_commit = true; /* nothing of the old round to report */
+			continue;
+		}
 		if (st == KOLO_EMEMBERSHIP)
-			return kolo_comm_fail(comm, st,
-			                      "kolo_reform: the rendezvous evicted this worker (it "
-			                      "was reported dead or missed its lease): %s",
-			                      kolo_rdzv_client_error(comm->rdzv));
+			return kolo_comm_fail(
+			        comm, st,
+			        "kolo_reform: the rendezvous evicted this worker (it "
+			        "was reported dead or missed its lease), %d times: %s",
+			        comm->rejoins + 1, kolo_rdzv_client_error(comm->rdzv));
 		if (st != KOLO_OK)
 			return kolo_comm_fail(comm, st,
 			                      "kolo_reform: waiting for the next round: %s",

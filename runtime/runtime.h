@@ -34,6 +34,7 @@ struct kolo_comm {
 	bool change_at_commit;   /* the next reform follows a commit point */
 	int64_t announced_round; /* the round whose end this rank announced */
 	int resets;              /* re-forms done */
+	int rejoins;             /* times this process joined again after an eviction */
 	uint64_t reform_ns[4];   /* last reform: start, torn down, assigned, connected */
 };
 

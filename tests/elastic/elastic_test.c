@@ -403,6 +403,35 @@ static void t_stop(int argc, char **argv)
 	check_finish(stopped, 3);
 }
 
+/* A rank paused past the progress timeout (a long GC pause, a stalled VM) is
+ * reported and evicted while the others go on at size 3. When it resumes it
+ * finds itself evicted, joins again as a new worker, and the job grows back
+ * to 4 and finishes there with the right result on every worker. */
+static void t_stop_resume(int argc, char **argv)
+{
+	static const char *const env[] = {"KOLO_TIMEOUT_MS=1500", NULL};
+	memcpy(extra_env, env, sizeof(env));
+	worker_args[0] = "1000"; /* steps: time for the paused one to come back */
+	server_up(2, 0);
+	start_n(4);
+	int victim = pick_rank(argc, argv, 4);
+	struct worker *paused;
+	kill_and_reform(victim, SIGSTOP, 20, &paused);
+	int64_t round = 0;
+	for (int i = 0; i < n_workers; i++)
+		if (&workers[i] != paused) {
+			EXPECT(workers[i].size == 3, "a survivor is at size %d", workers[i].size);
+			round = KOLO_MAX(round, workers[i].round);
+		}
+	kill(paused->pid, SIGCONT);
+	struct reformed_arg ra = {.round = round, .except = NULL};
+	REQUIRE(wait_for(all_reformed, &ra, WAIT_MS), "the resumed worker did not come back");
+	for (int i = 0; i < n_workers; i++)
+		EXPECT(workers[i].size == 4, "worker %d is at size %d after the rejoin", i,
+		       workers[i].size);
+	check_finish(NULL, 4);
+}
+
 static void t_join(void)
 {
 	server_up(2, 4);
@@ -580,6 +609,8 @@ int main(int argc, char **argv)
 		t_term(argc, argv);
 	} else if (strcmp(sc, "stop") == 0) {
 		t_stop(argc, argv);
+	} else if (strcmp(sc, "stop_resume") == 0) {
+		t_stop_resume(argc, argv);
 	} else if (strcmp(sc, "join") == 0) {
 		t_join();
 	} else if (strcmp(sc, "minnp") == 0) {
