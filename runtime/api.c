@@ -169,11 +169,16 @@ static kolo_status_t run(struct kolo_comm *comm, const char *fn, struct coll *c)
 	return st;
 }
 
-static size_t *counts_alloc(struct kolo_comm *comm, const char *fn)
+/* One count per rank, each `count`. */
+static size_t *counts_alloc(struct kolo_comm *comm, const char *fn, size_t count)
 {
-	size_t *c = calloc((size_t)comm->assignment.size, sizeof(*c));
-	if (!c)
+	size_t *c = malloc((size_t)comm->assignment.size * sizeof(*c));
+	if (!c) {
 		kolo_comm_fail(comm, KOLO_ENOMEM, "%s: out of memory", fn);
+		return NULL;
+	}
+	for (int i = 0; i < comm->assignment.size; i++)
+		c[i] = count;
 	return c;
 }
 
@@ -240,11 +245,9 @@ KOLO_API kolo_status_t kolo_allgather(kolo_comm_t *comm, const void *sendbuf, vo
 	KOLO_CHECK(check_total(comm, fn, count, (size_t)comm->assignment.size, dtype, &total));
 	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, count));
 	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf, total));
-	size_t *counts = counts_alloc(comm, fn);
+	size_t *counts = counts_alloc(comm, fn, count);
 	if (!counts)
 		return KOLO_ENOMEM;
-	for (int i = 0; i < comm->assignment.size; i++)
-		counts[i] = count;
 	kolo_status_t st = run(comm, fn,
 	                       &(struct coll){.kind = C_ALLGATHERV,
 	                                      .send = sendbuf,
@@ -288,7 +291,7 @@ KOLO_API kolo_status_t kolo_reducescatter(kolo_comm_t *comm, const void *sendbuf
 	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, count));
 	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf,
 	                     kolo_reducescatter_count(count, size, rank)));
-	size_t *counts = counts_alloc(comm, fn);
+	size_t *counts = counts_alloc(comm, fn, 0);
 	if (!counts)
 		return KOLO_ENOMEM;
 	for (int i = 0; i < size; i++)
@@ -337,11 +340,9 @@ KOLO_API kolo_status_t kolo_alltoall(kolo_comm_t *comm, const void *sendbuf, voi
 	KOLO_CHECK(check_total(comm, fn, count, (size_t)comm->assignment.size, dtype, &total));
 	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, total));
 	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf, total));
-	size_t *counts = counts_alloc(comm, fn);
+	size_t *counts = counts_alloc(comm, fn, count);
 	if (!counts)
 		return KOLO_ENOMEM;
-	for (int i = 0; i < comm->assignment.size; i++)
-		counts[i] = count;
 	kolo_status_t st = run(comm, fn,
 	                       &(struct coll){.kind = C_ALLTOALLV,
 	                                      .send = sendbuf,
