@@ -21,7 +21,7 @@ packages=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev
 	libcurl4-openssl-dev libssl-dev check curl iproute2 python3 python3-yaml)
 missing=()
 for p in "${packages[@]}"; do
-	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+	[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
 	echo "setup.sh: installing ${missing[*]}"

@@ -191,7 +191,7 @@ SH
 			--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include br0 \
 			"$out/mpi_ns.sh" "$peers/mpi_bench" "$@" >"$out/$name.out" 2>&1 ||
 			echo "## $name: mpirun failed (see $out/$name.out)"
-		grep -v '^\[' "$out/$name.out" | head -n 40
+		grep -v '^\[' "$out/$name.out" | sed -n 1,40p
 	}
 	which=${2:-all} # all, gloo, mpi, or lat (only the 8-byte latency of both)
 	if [ "$which" != lat ]; then

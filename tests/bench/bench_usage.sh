@@ -24,8 +24,9 @@ expect 2 allreduce -b 1M -e 8
 expect 2 allreduce -d float128
 expect 2 allreduce -o median
 expect 2 allgather --inplace
+help=$(timeout 10 "$bench" --help)
 for sub in allreduce allgather broadcast reducescatter alltoall barrier; do
-	if ! timeout 10 "$bench" --help | grep -q "^  $sub "; then
+	if ! grep -q "^  $sub " <<<"$help"; then
 		echo "FAIL: --help does not list $sub"
 		fail=1
 	fi

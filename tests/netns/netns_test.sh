@@ -54,9 +54,9 @@ for i in 0 1 2; do
 	[ "$(run "$i" printenv KOLO_HOSTNAME)" = "h$i" ] || fail "host $i: KOLO_HOSTNAME is not h$i"
 	a=$("$netns" addr "$i" --prefix "$prefix")
 	[ "$a" = "10.77.0.$((i + 1))" ] || fail "host $i: address $a"
-	run "$i" ip -o -4 addr show dev eth0 | grep -q " $a/24 " || fail "host $i: $a not on eth0"
-	run "$i" ip -o link show lo | grep -q "UP" || fail "host $i: loopback down"
-	if run "$i" ip route | grep -q default; then
+	grep -q " $a/24 " <<<"$(run "$i" ip -o -4 addr show dev eth0)" || fail "host $i: $a not on eth0"
+	grep -q "UP" <<<"$(run "$i" ip -o link show lo)" || fail "host $i: loopback down"
+	if grep -q default <<<"$(run "$i" ip route)"; then
 		fail "host $i has a default route"
 	fi
 done
@@ -124,12 +124,12 @@ routes_now=$(ip route show table all 2>/dev/null; ip -6 route show table all 2>/
 [ "$routes_now" = "$routes_before" ] || fail "the root namespace's routes changed"
 [ "$(ip -o addr show | awk '{print $2, $3, $4}')" = "$addrs_before" ] ||
 	fail "the root namespace's addresses changed"
-if ip -o addr show | grep -q "10\.77\.0\."; then
+if grep -q "10\.77\.0\." <<<"$(ip -o addr show)"; then
 	fail "10.77.0.0/24 leaked into the root namespace"
 fi
 "$netns" down --prefix "$prefix"
 "$netns" down --prefix "$prefix"
-if ip netns list | grep -q "^$prefix-"; then
+if grep -q "^$prefix-" <<<"$(ip netns list)"; then
 	fail "namespaces left after down: $(ip netns list | grep "^$prefix-")"
 fi
 echo "ok: root namespace untouched; down removed everything (twice)"

@@ -157,14 +157,14 @@ linkcut)
 		grep -q "ERROR" "$work/h$h.out" || fail "host $h did not report an error"
 	done
 	echo "ok: host 3 cut off at +0 s; hosts 0-2 reported and exited after $(( $(date +%s) - t_event )) s (KOLO_TIMEOUT_MS=3000):"
-	grep -h "ERROR" "$work"/h[012].out | head -n 6
+	grep -h "ERROR" "$work"/h[012].out | sed -n 1,6p
 	;;
 shmkill)
 	kolo_shm() { ls -1 /dev/shm 2>/dev/null | grep -i kolo || true; }
 	before=$(kolo_shm)
 	start_hosts KOLO_TIMEOUT_MS=3000 -- loop 60 16
 	wait_lines "ready pid" "$N" 40
-	victim=$(grep -h "ready pid .* local 1" "$work/h0.out" | awk '{for (i = 1; i < NF; i++) if ($i == "pid") print $(i + 1)}' | head -n 1)
+	victim=$(awk '/ready pid .* local 1/ {for (i = 1; i < NF; i++) if ($i == "pid") { print $(i + 1); exit }}' "$work/h0.out")
 	[ -n "$victim" ] || fail "no local rank 1 on host 0"
 	# The victim holds kolo memfd mappings while it runs (so the check below can fail).
 	grep -q "memfd:kolo" "/proc/$victim/maps" || fail "rank on host 0 (pid $victim) maps no kolo memfd"
@@ -175,9 +175,9 @@ shmkill)
 		wait_host "$h" $((t_event + 3 + 12))
 		[ "${rc[h]}" -ne 0 ] || fail "host $h exited 0 although a rank was killed"
 	done
-	cat "$work"/h*.out | grep -q "ERROR" || fail "no rank reported an error"
+	grep -q "ERROR" "$work"/h*.out || fail "no rank reported an error"
 	echo "ok: pid $victim SIGKILLed; every host exited within $(( $(date +%s) - t_event )) s:"
-	grep -h "ERROR" "$work"/h*.out | head -n 4
+	grep -h "ERROR" "$work"/h*.out | sed -n 1,4p
 	left=""
 	for ns in $(ip netns list | awk -v p="$prefix-h" 'index($1, p) == 1 {print $1}'); do
 		left="$left$(ip netns pids "$ns" 2>/dev/null | tr '\n' ' ')"
