@@ -719,6 +719,8 @@ struct tharg {
 	struct world *w;
 	struct kolo_engine *e;
 	int rank, id;
+	float *v; /* the ops' buffers: freed only after the barrier below, since the
+	             callback-only ops may still read them when the thread ends */
 };
 
 static void ok_cb(void *arg, kolo_status_t st)
@@ -732,7 +734,9 @@ static void *enqueuer(void *p)
 {
 	struct tharg *a = p;
 	struct ctx *c = a->w->arg;
-	float *v = calloc(PER_THREAD, sizeof(float));
+	float *v = a->v;
+	if (!v)
+		return NULL;
 	kolo_handle_t *h[PER_THREAD] = {0};
 	for (int k = 0; k < PER_THREAD; k++) {
 		char name[32];
@@ -761,7 +765,6 @@ static void *enqueuer(void *p)
 		if (kolo_handle_wait_release(h[k], &eb) != KOLO_OK)
 			world_fail(a->w, "wait: %s", eb.msg);
 	}
-	free(v);
 	return NULL;
 }
 
@@ -773,7 +776,9 @@ static void body_threads(struct world *w, int rank, struct kolo_ring_comm *rc)
 	pthread_t th[NTHREADS];
 	struct tharg a[NTHREADS];
 	for (int i = 0; i < NTHREADS; i++) {
-		a[i] = (struct tharg){w, e, rank, i};
+		a[i] = (struct tharg){w, e, rank, i, calloc(PER_THREAD, sizeof(float))};
+		if (!a[i].v)
+			world_fail(w, "out of memory");
 		pthread_create(&th[i], NULL, enqueuer, &a[i]);
 	}
 	for (int i = 0; i < NTHREADS; i++)
@@ -783,6 +788,8 @@ static void body_threads(struct world *w, int rank, struct kolo_ring_comm *rc)
 	struct kolo_errbuf eb = {{0}};
 	if (kolo_engine_run(e, &op, &eb) != KOLO_OK)
 		world_fail(w, "barrier: %s", eb.msg);
+	for (int i = 0; i < NTHREADS; i++)
+		free(a[i].v);
 	/* A duplicate pending name is refused at once. */
 	float x = 0;
 	struct kolo_engine_op d = {.kind = KOLO_FK_ALLREDUCE,
