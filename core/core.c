@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,9 +211,26 @@ kolo_status_t kolo_random_hex(char *out, size_t len)
 	return KOLO_OK;
 }
 
+static void crypto_init(void)
+{
+	/* Without NO_ATEXIT, OpenSSL frees its state from an exit handler. A
+	 * program that calls exit() while a kolo thread still runs (the
+	 * heartbeat, an embedded rendezvous server checking a token, a
+	 * handshake) would have that thread use freed locks and crash. The
+	 * state it leaves stays reachable until the process ends. */
+	OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
+}
+
+void kolo_crypto_init(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_once(&once, crypto_init);
+}
+
 void kolo_hmac_sha256(const void *key, size_t keylen, const void *msg, size_t msglen,
                       uint8_t out[KOLO_HMAC_SIZE])
 {
+	kolo_crypto_init();
 	unsigned int outlen = KOLO_HMAC_SIZE;
 	static const uint8_t empty = 0;
 	HMAC(EVP_sha256(), keylen ? key : &empty, (int)keylen, msg, msglen, out, &outlen);

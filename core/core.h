@@ -123,6 +123,10 @@ uint64_t kolo_random_below(uint64_t bound);
 kolo_status_t kolo_random_hex(char *out, size_t len);
 
 #define KOLO_HMAC_SIZE 32
+/* Initialises OpenSSL once, without its exit handler (see core.c). Called
+ * by kolo_hmac_sha256 and before libcurl, which would otherwise initialise
+ * OpenSSL first, with the handler. */
+void kolo_crypto_init(void);
 /* HMAC-SHA256(key, msg). */
 void kolo_hmac_sha256(const void *key, size_t keylen, const void *msg, size_t msglen,
                       uint8_t out[KOLO_HMAC_SIZE]);

@@ -61,6 +61,7 @@ static CURLcode curl_init_rc;
 
 static void curl_init_once(void)
 {
+	kolo_crypto_init(); /* before libcurl initialises OpenSSL its own way */
 	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
