@@ -1690,6 +1690,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	free(r);
 }
 
+/* libmicrohttpd's MHD_LogCallback: fmt is its own format string. */
+static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
 	(void)cls;

@@ -12,6 +12,7 @@
 #include "ring.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_F16C_KERNELS 1
 #endif
@@ -268,11 +269,26 @@ static const kernel3_fn kernels3[KOLO_DTYPE_COUNT][KOLO_OP_COUNT] = {
         [KOLO_FLOAT32] = ROW3(f32), [KOLO_FLOAT64] = ROW3(f64),
 };
 
+#ifdef HAVE_F16C_KERNELS
+/* CPUID.1:ECX.F16C, read once (not every compiler's __builtin_cpu_supports
+ * knows "f16c"). 0 unknown, 1 no, 2 yes. */
+static bool cpu_f16c(void)
+{
+	static atomic_int known;
+	int k = atomic_load_explicit(&known, memory_order_relaxed);
+	if (k == 0) {
+		unsigned a, b, c, d;
+		k = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) ? 2 : 1;
+		atomic_store_explicit(&known, k, memory_order_relaxed);
+	}
+	return k == 2;
+}
+#endif
+
 static bool use_f16c(kolo_dtype_t dtype)
 {
 #ifdef HAVE_F16C_KERNELS
-	return dtype == KOLO_FLOAT16 && __builtin_cpu_supports("f16c") &&
-	       __builtin_cpu_supports("avx") &&
+	return dtype == KOLO_FLOAT16 && __builtin_cpu_supports("avx") && cpu_f16c() &&
 	       !atomic_load_explicit(&portable_only, memory_order_relaxed);
 #else
 	(void)dtype;
