@@ -50,6 +50,9 @@ struct kolo_rdzv_client {
 	bool hb_running;
 	bool hb_stop;
 	int hb_period_ms;
+	/* other requests: end a wait when this says so (kolo_rdzv_set_cancel) */
+	bool (*cancel)(void *arg);
+	void *cancel_arg;
 	struct kolo_rdzv_hb_state hb;
 	struct kolo_errbuf hb_err;
 };
@@ -105,12 +108,23 @@ struct xfer_ctx {
 	bool heartbeat; /* abort when the heartbeat is told to stop */
 };
 
+/* Whether a wait of the caller's (not the heartbeat's) should end now. */
+static bool cancelled(struct kolo_rdzv_client *c)
+{
+	pthread_mutex_lock(&c->lock);
+	bool (*fn)(void *) = c->cancel;
+	void *arg = c->cancel_arg;
+	pthread_mutex_unlock(&c->lock);
+	return fn && fn(arg);
+}
+
+/* libcurl calls this at least once a second, also while a long poll idles. */
 static int on_progress(void *ud, curl_off_t a, curl_off_t b, curl_off_t d, curl_off_t e)
 {
 	(void)a, (void)b, (void)d, (void)e;
 	struct xfer_ctx *x = ud;
 	if (!x->heartbeat)
-		return 0;
+		return cancelled(x->c) ? 1 : 0;
 	pthread_mutex_lock(&x->c->lock);
 	bool stop = x->c->hb_stop;
 	pthread_mutex_unlock(&x->c->lock);
@@ -219,13 +233,19 @@ static bool retryable_curl(CURLcode cc)
 	}
 }
 
-/* Waits ms, or less when the heartbeat is told to stop. Returns false when
- * it was told to stop. */
+/* Waits ms, or less when the heartbeat is told to stop (or, for the
+ * caller's requests, when the cancel hook says so). Returns false then. */
 static bool backoff_wait(struct kolo_rdzv_client *c, bool heartbeat, int ms)
 {
 	if (!heartbeat) {
-		kolo_sleep_ms((uint64_t)ms);
-		return true;
+		for (uint64_t end = kolo_now_ms() + (uint64_t)ms;;) {
+			if (cancelled(c))
+				return false;
+			uint64_t now = kolo_now_ms();
+			if (now >= end)
+				return true;
+			kolo_sleep_ms(KOLO_MIN(end - now, (uint64_t)100));
+		}
 	}
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -271,6 +291,9 @@ static kolo_status_t request(struct kolo_rdzv_client *c, CURL *h, struct req *q,
 	int backoff = BACKOFF_MIN_MS;
 	char etext[256];
 	for (;;) {
+		if (!q->heartbeat && cancelled(c))
+			return kolo_fail(eb, KOLO_ESHUTDOWN, "rendezvous %s: %s cancelled", c->url,
+			                 q->method);
 		pthread_mutex_lock(&c->lock);
 		uint64_t gen = c->reg_gen;
 		pthread_mutex_unlock(&c->lock);
@@ -309,7 +332,9 @@ static kolo_status_t request(struct kolo_rdzv_client *c, CURL *h, struct req *q,
 		} else {
 			if (!retryable_curl(cc)) {
 				if (cc == CURLE_ABORTED_BY_CALLBACK)
-					return kolo_fail(eb, KOLO_ESHUTDOWN, "heartbeat stopped");
+					return kolo_fail(eb, KOLO_ESHUTDOWN, "%s",
+					                 q->heartbeat ? "heartbeat stopped"
+					                              : "cancelled while waiting");
 				return kolo_fail(eb, KOLO_ERENDEZVOUS, "rendezvous %s: %s %s: %s",
 				                 c->url, q->method, q->path,
 				                 curl_easy_strerror(cc));
@@ -329,7 +354,9 @@ static kolo_status_t request(struct kolo_rdzv_client *c, CURL *h, struct req *q,
 		wait = KOLO_MIN(wait, left);
 		KOLO_DEBUG(SUBSYS, "%s %s: %s; retrying in %d ms", q->method, q->path, why, wait);
 		if (!backoff_wait(c, q->heartbeat, wait))
-			return kolo_fail(eb, KOLO_ESHUTDOWN, "heartbeat stopped");
+			return kolo_fail(eb, KOLO_ESHUTDOWN, "%s",
+			                 q->heartbeat ? "heartbeat stopped"
+			                              : "cancelled while waiting");
 		backoff = KOLO_MIN(backoff * 2, BACKOFF_MAX_MS);
 	}
 }
@@ -472,6 +499,14 @@ void kolo_rdzv_set_membership(struct kolo_rdzv_client *c, int64_t round, int ran
 }
 
 /* ---- join / re-register ----------------------------------------------- */
+
+void kolo_rdzv_set_cancel(struct kolo_rdzv_client *c, bool (*fn)(void *arg), void *arg)
+{
+	pthread_mutex_lock(&c->lock);
+	c->cancel = fn;
+	c->cancel_arg = arg;
+	pthread_mutex_unlock(&c->lock);
+}
 
 static bool is_joined(struct kolo_rdzv_client *c)
 {

@@ -211,6 +211,38 @@ START_TEST(test_heartbeat_failure_report)
 }
 END_TEST
 
+/* The cancel hook: true once its deadline passed. */
+static bool past(void *arg)
+{
+	return kolo_now_ms() >= *(uint64_t *)arg;
+}
+
+START_TEST(test_cancel_wait)
+{
+	start_server(2, 0, 10000); /* one worker: no round forms */
+	struct kolo_rdzv_client *c = client("jc", "ha", token);
+	ck_assert_int_eq(kolo_rdzv_join(c), KOLO_OK);
+	uint64_t t0 = kolo_now_ms(), at = t0 + 200;
+	kolo_rdzv_set_cancel(c, past, &at);
+	struct kolo_rdzv_assignment a = {0};
+	ck_assert_int_eq(kolo_rdzv_wait_assignment(c, 0, 20000, &a), KOLO_ESHUTDOWN);
+	uint64_t ms = kolo_now_ms() - t0;
+	ck_assert_msg(ms >= 200 && ms < 3000, "the wait ended after %llu ms",
+	              (unsigned long long)ms);
+	/* A KV wait too, and at once when the hook already says so. */
+	void *v = NULL;
+	size_t n = 0;
+	t0 = kolo_now_ms();
+	ck_assert_int_eq(kolo_rdzv_kv_get(c, "never", 20000, &v, &n), KOLO_ESHUTDOWN);
+	ck_assert_uint_lt(kolo_now_ms() - t0, 1000);
+	/* Cleared: requests work again, and the leave goes through. */
+	kolo_rdzv_set_cancel(c, NULL, NULL);
+	ck_assert_int_eq(kolo_rdzv_kv_put(c, "k", "v", 1), KOLO_OK);
+	ck_assert_int_eq(kolo_rdzv_leave(c), KOLO_OK);
+	kolo_rdzv_client_destroy(c);
+}
+END_TEST
+
 START_TEST(test_bad_config)
 {
 	struct kolo_rdzv_client *c = NULL;
@@ -238,6 +270,7 @@ static Suite *client_suite(void)
 	tcase_add_test(tc, test_kv);
 	tcase_add_test(tc, test_kv_wait);
 	tcase_add_test(tc, test_heartbeat_failure_report);
+	tcase_add_test(tc, test_cancel_wait);
 	tcase_add_test(tc, test_bad_config);
 	suite_add_tcase(s, tc);
 	return s;

@@ -163,6 +163,11 @@ void kolo_rdzv_set_membership(struct kolo_rdzv_client *c, int64_t round, int ran
 /* Joins again as a new worker (a fresh id, no round or rank held) after the
  * server evicted this one, and restarts the heartbeat at its old period. */
 kolo_status_t kolo_rdzv_rejoin(struct kolo_rdzv_client *c);
+/* While fn is set (NULL clears it), requests other than the heartbeat's stop
+ * waiting when fn(arg) returns true: a long poll within about a second
+ * (libcurl's progress callback), a retry's back-off within 100 ms. They fail
+ * with KOLO_ESHUTDOWN. fn runs on the caller's thread, so it must be cheap. */
+void kolo_rdzv_set_cancel(struct kolo_rdzv_client *c, bool (*fn)(void *arg), void *arg);
 /* DELETE /workers/{id}. */
 kolo_status_t kolo_rdzv_leave(struct kolo_rdzv_client *c);
 /* POST /failures. */

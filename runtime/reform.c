@@ -199,6 +199,26 @@ static kolo_status_t next_round(struct kolo_comm *comm, int64_t after, int old_r
 	}
 }
 
+static kolo_status_t reform(struct kolo_comm *comm);
+
+/* Tells the rendezvous this worker leaves: it is dropped from the job at
+ * once, and the next round forms without waiting for its lease. */
+static void leave_job(struct kolo_comm *comm, const char *why)
+{
+	KOLO_INFO(SUBSYS, "leaving the job (%s)", why);
+	kolo_elastic_left(comm->elastic);
+	kolo_elastic_announce(comm->rdzv, comm->assignment.round, comm->assignment.rank, false);
+	if (kolo_rdzv_leave(comm->rdzv) != KOLO_OK)
+		KOLO_WARN(SUBSYS, "leave: %s", kolo_rdzv_client_error(comm->rdzv));
+	data_plane_teardown(comm);
+}
+
+static bool leave_wanted(void *arg)
+{
+	(void)arg;
+	return kolo_elastic_leave_requested();
+}
+
 KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm)
 {
 	if (!comm)
@@ -207,6 +227,26 @@ KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm)
 		return kolo_comm_fail(comm, KOLO_EINVAL,
 		                      "kolo_reform: the comm is not elastic (set KOLO_ELASTIC=1 or "
 		                      "run under kolorun --min-np)");
+	if (comm->left)
+		return kolo_comm_fail(comm, KOLO_ESHUTDOWN,
+		                      "kolo_reform: this worker left the job");
+	/* A spot reclaim while we wait for a round (which may take until
+	 * replacements come) must not wait with us: the rendezvous waits end
+	 * within a second of SIGTERM, and the worker leaves. */
+	kolo_rdzv_set_cancel(comm->rdzv, leave_wanted, NULL);
+	kolo_status_t st = reform(comm);
+	kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
+	if (st == KOLO_OK || !kolo_elastic_leave_requested())
+		return st;
+	leave_job(comm, "SIGTERM while re-forming");
+	comm->left = true;
+	return kolo_comm_fail(comm, KOLO_ESHUTDOWN,
+	                      "kolo_reform: this worker left the job (SIGTERM while waiting for "
+	                      "the next round)");
+}
+
+static kolo_status_t reform(struct kolo_comm *comm)
+{
 	uint64_t t0 = kolo_now_ms();
 	comm->reform_ns[0] = kolo_now_ns();
 	int timeout = (int)KOLO_MIN(kolo_param_int(KOLO_P_ELASTIC_TIMEOUT_MS), INT32_MAX);
@@ -405,13 +445,8 @@ KOLO_API kolo_status_t kolo_state_sync(kolo_state_t *s)
 /* Leaves the job now: out of the rendezvous, data plane closed. */
 static void leave_now(struct kolo_state *s, const char *why)
 {
-	struct kolo_comm *comm = s->comm;
-	KOLO_INFO(SUBSYS, "leaving the job (%s)", why);
-	kolo_elastic_left(comm->elastic);
-	kolo_elastic_announce(comm->rdzv, comm->assignment.round, comm->assignment.rank, false);
-	if (kolo_rdzv_leave(comm->rdzv) != KOLO_OK)
-		KOLO_WARN(SUBSYS, "leave: %s", kolo_rdzv_client_error(comm->rdzv));
-	data_plane_teardown(comm);
+	leave_job(s->comm, why);
+	s->comm->left = true;
 	s->left = true;
 }
 
@@ -483,7 +518,9 @@ KOLO_API kolo_status_t kolo_elastic_run(kolo_comm_t *comm, kolo_state_t *s, kolo
 			                      limit);
 		resets++;
 		st = kolo_reform(comm);
-		if (st != KOLO_OK)
+		if (st != KOLO_OK) {
+			s->left = comm->left;
 			return st;
+		}
 	}
 }

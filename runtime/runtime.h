@@ -35,6 +35,7 @@ struct kolo_comm {
 	int64_t announced_round; /* the round whose end this rank announced */
 	int resets;              /* re-forms done */
 	int rejoins;             /* times this process joined again after an eviction */
+	bool left;               /* left the job (SIGTERM while re-forming) */
 	uint64_t reform_ns[4];   /* last reform: start, torn down, assigned, connected */
 };
 

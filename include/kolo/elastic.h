@@ -37,7 +37,9 @@ KOLO_API bool kolo_elastic_enabled(const kolo_comm_t *comm);
  * and the ring of the new round. Rank, size and round change; the process
  * and the comm handle stay. Blocking; not to be called concurrently with a
  * collective on the same comm. KOLO_ETIMEDOUT (with a message naming min-np)
- * when no round including this worker formed in time. */
+ * when no round including this worker formed in time. KOLO_ESHUTDOWN when
+ * SIGTERM (or kolo_elastic_leave) came while it waited: the worker has then
+ * left the job, within about a second of the signal. */
 KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm);
 
 /* A new, empty state bound to comm. Returns KOLO_ENOMEM / KOLO_EINVAL. */

@@ -10,6 +10,8 @@
  *                                     then a worker is killed
  *   elastic_test minnp WORKER         survivors below min-np time out
  *   elastic_test minnp_join WORKER    ... unless a new worker comes in time
+ *   elastic_test minnp_term WORKER    SIGTERM while waiting below min-np: leaves
+ *                                     at once; the job goes on with new workers
  *
  * Workers are elastic_worker processes (see there for what they check);
  * this driver kills, starts and watches them, and checks every worker's
@@ -490,6 +492,78 @@ static void t_minnp(bool join)
 	}
 }
 
+/* The server's job is between rounds with exactly `want` workers waiting. */
+static bool waiting_is(void *arg)
+{
+	int want = *(int *)arg;
+	struct kolo_rdzv_client_config cc = {
+	        .url = url, .job = job, .token = token, .host = "driver", .deadline_ms = 500};
+	struct kolo_rdzv_client *c = NULL;
+	struct kolo_errbuf eb = {{0}};
+	char *json = NULL;
+	bool ok = false;
+	if (kolo_rdzv_client_create(&cc, &c, &eb) == KOLO_OK &&
+	    kolo_rdzv_job_status(c, &json) == KOLO_OK) {
+		int n = 0;
+		for (const char *p = json; (p = strstr(p, "\"worker_id\"")) != NULL; p++)
+			n++;
+		ok = n == want && strstr(json, "\"state\":\"waiting\"") != NULL;
+	}
+	free(json);
+	kolo_rdzv_client_destroy(c);
+	if (!ok)
+		pump(50);
+	return ok;
+}
+
+/* A spot reclaim while the survivors wait below min-np for replacements: the
+ * SIGTERMed worker must leave within seconds (not when a round forms or
+ * KOLO_ELASTIC_TIMEOUT_MS ends the wait), and the job goes on with the other
+ * survivor once two new workers come. */
+static void t_minnp_term(void)
+{
+	static const char *const env[] = {"KOLO_ELASTIC_TIMEOUT_MS=60000", NULL};
+	memcpy(extra_env, env, sizeof(env));
+	server_up(3, 0);
+	start_n(3);
+	int64_t after = 10;
+	REQUIRE(wait_for(all_step, &after, WAIT_MS), "no progress");
+	struct worker *dead = by_rank(2), *leaver = by_rank(0), *stays = by_rank(1);
+	REQUIRE(dead && leaver && stays, "ranks 0-2 not found");
+	kill(dead->pid, SIGKILL);
+	int two = 2;
+	REQUIRE(wait_for(waiting_is, &two, WAIT_MS),
+	        "the survivors are not waiting for a round after the kill");
+	uint64_t t0 = kolo_now_ms();
+	kill(leaver->pid, SIGTERM);
+	uint64_t end = t0 + 10000;
+	while (!(leaver->reaped && leaver->out < 0) && kolo_now_ms() < end)
+		pump(20);
+	uint64_t ms = kolo_now_ms() - t0;
+	fprintf(stderr, "SIGTERM while waiting for a round: the worker left in %" PRIu64 " ms\n",
+	        ms);
+	REQUIRE(leaver->reaped, "the SIGTERMed worker still waits after %" PRIu64 " ms", ms);
+	EXPECT(ms < 3000, "leaving took %" PRIu64 " ms", ms);
+	EXPECT(WIFEXITED(leaver->status) && WEXITSTATUS(leaver->status) == 0 && leaver->left,
+	       "the leaver's status is %d (left %d) %s", leaver->status, leaver->left,
+	       leaver->failed);
+	int one = 1;
+	EXPECT(wait_for(waiting_is, &one, 5000), "the server still counts the leaver");
+	start_worker();
+	start_worker();
+	EXPECT(wait_for(all_exited, NULL, WAIT_MS), "workers did not finish");
+	cleanup_all();
+	for (int i = 0; i < n_workers; i++) {
+		struct worker *w = &workers[i];
+		if (w == dead || w == leaver)
+			continue;
+		EXPECT(WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0 && w->result &&
+		               w->result_size == 3 && !w->wrong,
+		       "worker pid %d: status %d result %d size %d %s", (int)w->pid, w->status,
+		       w->result, w->result_size, w->failed);
+	}
+}
+
 /* ---- server restart --------------------------------------------------- */
 
 static pid_t srv_pid = -1;
@@ -617,6 +691,8 @@ int main(int argc, char **argv)
 		t_minnp(false);
 	} else if (strcmp(sc, "minnp_join") == 0) {
 		t_minnp(true);
+	} else if (strcmp(sc, "minnp_term") == 0) {
+		t_minnp_term();
 	} else if (strcmp(sc, "restart") == 0 && argc > 3) {
 		t_restart(argv[3]);
 	} else {
