@@ -85,6 +85,8 @@ struct kolo_elastic_config {
 	struct kolo_rdzv_client *member;      /* the worker's client: heartbeat state */
 	int poll_ms;                          /* long-poll slice of the watcher */
 	int leave_grace_ms;                   /* after SIGTERM, leave at once when no commit came */
+	int hang_ms; /* leave when the training thread has not re-formed this long after the
+	                change callback ran (0: never) */
 	/* Called on the watcher thread when round's membership changed (leave:
 	 * this worker must leave now). Must not block. */
 	void (*on_change)(void *arg, int64_t round, bool leave);
@@ -102,5 +104,8 @@ void kolo_elastic_destroy(struct kolo_elastic *e);
 void kolo_elastic_watch(struct kolo_elastic *e, int64_t round, int rank);
 /* Tells the watcher the worker left at a commit point (no forced leave). */
 void kolo_elastic_left(struct kolo_elastic *e);
+/* true (once) when the watcher took the worker out of the job because its
+ * training thread did not re-form within hang_ms; it must join again. */
+bool kolo_elastic_take_dropped(struct kolo_elastic *e);
 
 #endif /* KOLO_ELASTIC_INTERNAL_H */

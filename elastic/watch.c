@@ -127,9 +127,12 @@ struct kolo_elastic {
 	bool stop;
 	int64_t round; /* watched round; 0 paused */
 	int rank;
-	int64_t fired;   /* last round the change callback ran for */
-	bool left;       /* left at a commit point */
-	bool leave_done; /* forced leave done */
+	int64_t fired;     /* last round the change callback ran for */
+	uint64_t fired_ms; /* when */
+	bool left;         /* left at a commit point */
+	bool leave_done;   /* forced leave done */
+	bool dropping;     /* taking the worker out (hang), outside the lock */
+	bool dropped;      /* taken out; kolo_elastic_take_dropped() reads it */
 };
 
 static void ms_deadline(struct timespec *ts, int ms)
@@ -154,8 +157,10 @@ static void fire(struct kolo_elastic *e, int64_t round, int rank, bool leave, co
 {
 	pthread_mutex_lock(&e->lock);
 	bool skip = (!leave && e->fired >= round) || e->round != round;
-	if (!skip)
+	if (!skip) {
 		e->fired = round; /* once per round (a forced leave ends it too) */
+		e->fired_ms = kolo_now_ms();
+	}
 	pthread_mutex_unlock(&e->lock);
 	if (skip)
 		return;
@@ -172,6 +177,33 @@ static void fire(struct kolo_elastic *e, int64_t round, int rank, bool leave, co
 	e->cfg.on_change(e->cfg.arg, round, leave);
 }
 
+/* Called with e->lock held, after the change callback ran for the watched
+ * round. Its collectives were aborted then, so the training thread should
+ * have paused the watch in kolo_reform() within moments. When it has not
+ * for hang_ms, it is stuck outside kolo (a deadlock, a step that never
+ * ends): its watcher and heartbeat would keep it "alive" and the others
+ * would wait for it until KOLO_ELASTIC_TIMEOUT_MS. Take it out of the job
+ * instead; if the thread ever reaches kolo_reform(), it joins again. */
+static void check_hang(struct kolo_elastic *e, int64_t round)
+{
+	if (e->cfg.hang_ms <= 0 || e->left || e->dropped || e->fired != round ||
+	    kolo_now_ms() - e->fired_ms < (uint64_t)e->cfg.hang_ms)
+		return;
+	e->dropping = true;
+	pthread_mutex_unlock(&e->lock);
+	KOLO_ERROR(SUBSYS,
+	           "round %" PRId64 " ended %d ms ago and this worker's training thread has not "
+	           "re-formed (it is stuck outside kolo): leaving the job so that the others go "
+	           "on (KOLO_ELASTIC_HANG_MS)",
+	           round, e->cfg.hang_ms);
+	if (kolo_rdzv_leave(e->cfg.member) != KOLO_OK)
+		KOLO_WARN(SUBSYS, "leave: %s", kolo_rdzv_client_error(e->cfg.member));
+	pthread_mutex_lock(&e->lock);
+	e->dropping = false;
+	e->dropped = true;
+	pthread_cond_broadcast(&e->cond);
+}
+
 static void *watch_main(void *arg)
 {
 	struct kolo_elastic *e = arg;
@@ -181,6 +213,8 @@ static void *watch_main(void *arg)
 		int64_t round = e->round;
 		int rank = e->rank;
 		bool left = e->left, leave_done = e->leave_done;
+		if (round > 0 && e->fired >= round)
+			check_hang(e, round);
 		if (round <= 0 || e->fired >= round) {
 			struct timespec dl;
 			ms_deadline(&dl, e->cfg.poll_ms);
@@ -299,10 +333,23 @@ void kolo_elastic_destroy(struct kolo_elastic *e)
 void kolo_elastic_watch(struct kolo_elastic *e, int64_t round, int rank)
 {
 	pthread_mutex_lock(&e->lock);
+	while (e->dropping) /* a leave in flight finishes first */
+		pthread_cond_wait(&e->cond, &e->lock);
 	e->round = round;
 	e->rank = rank;
 	pthread_cond_broadcast(&e->cond);
 	pthread_mutex_unlock(&e->lock);
+}
+
+bool kolo_elastic_take_dropped(struct kolo_elastic *e)
+{
+	pthread_mutex_lock(&e->lock);
+	while (e->dropping)
+		pthread_cond_wait(&e->cond, &e->lock);
+	bool d = e->dropped;
+	e->dropped = false;
+	pthread_mutex_unlock(&e->lock);
+	return d;
 }
 
 void kolo_elastic_left(struct kolo_elastic *e)

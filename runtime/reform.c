@@ -95,6 +95,7 @@ kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm)
 	        .member = comm->rdzv,
 	        .poll_ms = (int)kolo_param_int(KOLO_P_ELASTIC_POLL_MS),
 	        .leave_grace_ms = (int)kolo_param_int(KOLO_P_ELASTIC_LEAVE_GRACE_MS),
+	        .hang_ms = (int)KOLO_MIN(kolo_param_int(KOLO_P_ELASTIC_HANG_MS), INT32_MAX),
 	        .on_change = on_change,
 	        .arg = comm,
 	};
@@ -257,6 +258,25 @@ static kolo_status_t reform(struct kolo_comm *comm)
 	comm->change_at_commit = false;
 	int suspect = comm->ring ? kolo_ring_failed_peer(comm->ring) : -1;
 	kolo_elastic_watch(comm->elastic, 0, old_rank);
+	if (kolo_elastic_take_dropped(comm->elastic)) {
+		/* The watcher took us out while this thread was stuck: come back
+		 * as a new worker, as after an eviction. */
+		if (comm->rejoins >= kolo_param_int(KOLO_P_ELASTIC_REJOINS))
+			return kolo_comm_fail(comm, KOLO_EMEMBERSHIP,
+			                      "kolo_reform: this worker was taken out of the job "
+			                      "(its training thread did not re-form within "
+			                      "KOLO_ELASTIC_HANG_MS) and has joined again %d times",
+			                      comm->rejoins);
+		KOLO_WARN(SUBSYS, "this worker was taken out of the job while its training thread "
+		                  "was stuck; joining again as a new worker");
+		comm->rejoins++;
+		kolo_status_t rst = kolo_rdzv_rejoin(comm->rdzv);
+		if (rst != KOLO_OK)
+			return kolo_comm_fail(comm, rst, "kolo_reform: joining again: %s",
+			                      kolo_rdzv_client_error(comm->rdzv));
+		suspect = -1;
+		at_commit = true;
+	}
 	/* Alive before we reset our conns; the round's end for everyone when
 	 * it ended by a failure (at a commit point everyone knows already). */
 	kolo_elastic_announce(comm->rdzv, round, old_rank, !at_commit);

@@ -12,6 +12,9 @@
  *   elastic_test minnp_join WORKER    ... unless a new worker comes in time
  *   elastic_test minnp_term WORKER    SIGTERM while waiting below min-np: leaves
  *                                     at once; the job goes on with new workers
+ *   elastic_test hang WORKER          a rank's training thread hangs outside kolo:
+ *                                     it is taken out, the others go on; when it
+ *                                     wakes it joins again
  *
  * Workers are elastic_worker processes (see there for what they check);
  * this driver kills, starts and watches them, and checks every worker's
@@ -71,6 +74,7 @@ struct worker {
 	int rounds;               /* ROUND lines seen */
 	bool result, left, wrong; /* RESULT ok / LEFT / WRONG */
 	bool opfail;              /* an async op failed with other than EMEMBERSHIP */
+	bool hung;                /* printed HANG */
 	int result_size;
 	char failed[512]; /* FAILED line */
 };
@@ -160,6 +164,8 @@ static void on_line(struct worker *w, const char *line)
 	} else if (sscanf(line, "RESULT ok size %d", &b) == 1) {
 		w->result = true;
 		w->result_size = b;
+	} else if (strncmp(line, "HANG", 4) == 0) {
+		w->hung = true;
 	} else if (strncmp(line, "LEFT", 4) == 0) {
 		w->left = true;
 	} else if (strncmp(line, "FAILED", 6) == 0) {
@@ -564,6 +570,58 @@ static void t_minnp_term(void)
 	}
 }
 
+/* A rank whose training thread hangs outside kolo (a deadlock in user code,
+ * here 6 s of it) while its watcher and heartbeat keep it alive: the others
+ * time out on it (KOLO_TIMEOUT_MS), cannot report it (it says it is alive),
+ * and would wait for KOLO_ELASTIC_TIMEOUT_MS (60 s here). Its watcher takes
+ * it out of the job after KOLO_ELASTIC_HANG_MS (2 s), and the others go on at
+ * size 3. When the thread wakes, its kolo_reform() joins again as a new
+ * worker, the others admit it at a commit point, and all finish at size 4
+ * with the right result. */
+static bool one_hung(void *arg)
+{
+	(void)arg;
+	for (int i = 0; i < n_workers; i++)
+		if (workers[i].hung)
+			return true;
+	return false;
+}
+
+static void t_hang(void)
+{
+	static const char *const env[] = {"KOLO_TIMEOUT_MS=1500", "KOLO_ELASTIC_HANG_MS=2000",
+	                                  "KOLO_ELASTIC_TIMEOUT_MS=60000",
+	                                  "ELASTIC_WORKER_HANG=2:20:6000", NULL};
+	memcpy(extra_env, env, sizeof(env));
+	worker_args[0] = "1000"; /* steps: time for the hung one to come back */
+	server_up(2, 0);
+	start_n(4);
+	REQUIRE(wait_for(one_hung, NULL, WAIT_MS), "no worker hung");
+	uint64_t t0 = kolo_now_ms();
+	struct worker *hung = NULL;
+	for (int i = 0; i < n_workers; i++)
+		if (workers[i].hung)
+			hung = &workers[i];
+	struct reformed_arg ra = {.round = hung->round, .except = hung};
+	REQUIRE(wait_for(all_reformed, &ra, 30000),
+	        "the others did not re-form without the hung rank");
+	uint64_t ms = kolo_now_ms() - t0;
+	fprintf(stderr, "hung rank 2: the others re-formed %" PRIu64 " ms after it hung\n", ms);
+	EXPECT(ms < 15000, "re-forming took %" PRIu64 " ms", ms);
+	int64_t round = 0;
+	for (int i = 0; i < n_workers; i++)
+		if (&workers[i] != hung) {
+			EXPECT(workers[i].size == 3, "worker %d is at size %d", i, workers[i].size);
+			round = KOLO_MAX(round, workers[i].round);
+		}
+	ra = (struct reformed_arg){.round = round, .except = NULL};
+	REQUIRE(wait_for(all_reformed, &ra, WAIT_MS), "the hung worker did not come back");
+	for (int i = 0; i < n_workers; i++)
+		EXPECT(workers[i].size == 4, "worker %d is at size %d after the rejoin", i,
+		       workers[i].size);
+	check_finish(NULL, 4);
+}
+
 /* ---- server restart --------------------------------------------------- */
 
 static pid_t srv_pid = -1;
@@ -693,6 +751,8 @@ int main(int argc, char **argv)
 		t_minnp(true);
 	} else if (strcmp(sc, "minnp_term") == 0) {
 		t_minnp_term();
+	} else if (strcmp(sc, "hang") == 0) {
+		t_hang();
 	} else if (strcmp(sc, "restart") == 0 && argc > 3) {
 		t_restart(argv[3]);
 	} else {

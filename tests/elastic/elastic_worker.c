@@ -17,7 +17,11 @@
  * Prints "ROUND <round> size <n> rank <r>" at every (re)start of the training
  * function, "STEP <s>" after each commit, and at the end "RESULT ok ..." (or
  * "LEFT" when it left the job on SIGTERM). Exit 0 on success, 2 on a wrong
- * result, 3 when the elastic loop failed. */
+ * result, 3 when the elastic loop failed.
+ *
+ * ELASTIC_WORKER_HANG=RANK:STEP:MS makes the worker of that rank in round 1
+ * print "HANG" before step STEP and then not call kolo for MS ms (a training
+ * thread stuck in user code), then go on. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -52,8 +56,19 @@ static kolo_status_t train(kolo_comm_t *comm, kolo_state_t *state, void *arg)
 	printf("ROUND %" PRId64 " size %d rank %d step %" PRId64 "\n", kolo_round(comm),
 	       kolo_size(comm), kolo_rank(comm), c->step);
 	fflush(stdout);
+	const char *hang = getenv("ELASTIC_WORKER_HANG");
+	int hang_rank = -1, hang_ms = 0;
+	long long hang_step = -1;
+	if (hang && sscanf(hang, "%d:%lld:%d", &hang_rank, &hang_step, &hang_ms) != 3)
+		hang_rank = -1;
 	while (c->step < c->steps) {
 		int size = kolo_size(comm), rank = kolo_rank(comm);
+		if (rank == hang_rank && c->step == hang_step && kolo_round(comm) == 1) {
+			printf("HANG\n");
+			fflush(stdout);
+			sleep_ms(hang_ms);
+			hang_rank = -1;
+		}
 		double base = (double)(c->step + 1), off = rank - (size - 1) / 2.0;
 		for (size_t j = 0; j < c->count; j++)
 			c->x[j] = base + (double)j + off;
