@@ -498,25 +498,38 @@ static void t_minnp(bool join)
 	}
 }
 
-/* The server's job is between rounds with exactly `want` workers waiting. */
-static bool waiting_is(void *arg)
+/* GET /v1/jobs/{job} from the server (malloc'd JSON), or NULL. */
+static char *job_status_json(void)
 {
-	int want = *(int *)arg;
 	struct kolo_rdzv_client_config cc = {
 	        .url = url, .job = job, .token = token, .host = "driver", .deadline_ms = 500};
 	struct kolo_rdzv_client *c = NULL;
 	struct kolo_errbuf eb = {{0}};
 	char *json = NULL;
-	bool ok = false;
-	if (kolo_rdzv_client_create(&cc, &c, &eb) == KOLO_OK &&
-	    kolo_rdzv_job_status(c, &json) == KOLO_OK) {
-		int n = 0;
-		for (const char *p = json; (p = strstr(p, "\"worker_id\"")) != NULL; p++)
-			n++;
-		ok = n == want && strstr(json, "\"state\":\"waiting\"") != NULL;
+	if (kolo_rdzv_client_create(&cc, &c, &eb) != KOLO_OK ||
+	    kolo_rdzv_job_status(c, &json) != KOLO_OK) {
+		free(json);
+		json = NULL;
 	}
-	free(json);
 	kolo_rdzv_client_destroy(c);
+	return json;
+}
+
+static int count_of(const char *s, const char *what)
+{
+	int n = 0;
+	for (const char *p = s; p && (p = strstr(p, what)) != NULL; p++)
+		n++;
+	return n;
+}
+
+/* The server's job is between rounds with exactly `want` workers waiting. */
+static bool waiting_is(void *arg)
+{
+	char *json = job_status_json();
+	bool ok = json && count_of(json, "\"worker_id\"") == *(int *)arg &&
+	          strstr(json, "\"state\":\"waiting\"") != NULL;
+	free(json);
 	if (!ok)
 		pump(50);
 	return ok;
@@ -668,23 +681,10 @@ static int server_proc(const char *bin, int port)
 
 static bool members_are(void *arg)
 {
-	int want = *(int *)arg;
-	struct kolo_rdzv_client_config cc = {
-	        .url = url, .job = job, .token = token, .host = "driver", .deadline_ms = 500};
-	struct kolo_rdzv_client *c = NULL;
-	struct kolo_errbuf eb = {{0}};
-	char *json = NULL;
-	bool ok = false;
-	if (kolo_rdzv_client_create(&cc, &c, &eb) == KOLO_OK &&
-	    kolo_rdzv_job_status(c, &json) == KOLO_OK) {
-		int n = 0;
-		for (const char *p = json; (p = strstr(p, "\"rank\"")) != NULL; p++)
-			n++;
-		const char *wt = strstr(json, "\"waiting\":[]");
-		ok = n == want && wt != NULL;
-	}
+	char *json = job_status_json();
+	bool ok = json && count_of(json, "\"rank\"") == *(int *)arg &&
+	          strstr(json, "\"waiting\":[]") != NULL;
 	free(json);
-	kolo_rdzv_client_destroy(c);
 	if (!ok)
 		pump(100);
 	return ok;

@@ -127,20 +127,15 @@ static void check_alive(void)
 	        sizeof(resp));
 	FUZZ_CHECK(!strncmp(resp, "HTTP/1.1 200", 12), "/healthz after %lu inputs: %.80s", inputs,
 	           resp);
-	char put[256];
-	snprintf(put, sizeof(put),
-	         "PUT /v1/jobs/probe/kv/k%lu HTTP/1.1\r\nHost: f\r\nAuthorization: Bearer " TOKEN
-	         "\r\nContent-Length: 5\r\nConnection: close\r\n\r\nvalue",
-	         inputs);
-	request(put, resp, sizeof(resp));
+	char req[256];
+	static const char kv[] = "%s /v1/jobs/probe/kv/k%lu HTTP/1.1\r\nHost: f\r\n"
+	                         "Authorization: Bearer " TOKEN "\r\nConnection: close\r\n%s";
+	snprintf(req, sizeof(req), kv, "PUT", inputs, "Content-Length: 5\r\n\r\nvalue");
+	request(req, resp, sizeof(resp));
 	FUZZ_CHECK(!strncmp(resp, "HTTP/1.1 204", 12), "KV put after %lu inputs: %.80s", inputs,
 	           resp);
-	char get[256];
-	snprintf(get, sizeof(get),
-	         "GET /v1/jobs/probe/kv/k%lu HTTP/1.1\r\nHost: f\r\nAuthorization: Bearer " TOKEN
-	         "\r\nConnection: close\r\n\r\n",
-	         inputs);
-	request(get, resp, sizeof(resp));
+	snprintf(req, sizeof(req), kv, "GET", inputs, "\r\n");
+	request(req, resp, sizeof(resp));
 	const char *body = strstr(resp, "\r\n\r\n");
 	FUZZ_CHECK(!strncmp(resp, "HTTP/1.1 200", 12) && body && !strcmp(body + 4, "value"),
 	           "KV get after %lu inputs: %.120s", inputs, resp);
