@@ -4,12 +4,15 @@
  * with a float64 (or exact integer) reference computed here from all ranks'
  * inputs, and the results are compared bitwise across ranks. The ranks are
  * threads of this process, each with its own TCP endpoint on 127.0.0.1. */
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ring.h"
 #include "testutil.h"
@@ -778,15 +781,28 @@ START_TEST(test_abort)
 }
 END_TEST
 
+/* Set once rank 2's helper has aborted it. */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+} midway = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+
 static void *abort_helper(void *rc)
 {
 	kolo_ring_abort(rc, KOLO_ESHUTDOWN);
+	pthread_mutex_lock(&midway.lock);
+	midway.done = true;
+	pthread_cond_broadcast(&midway.cond);
+	pthread_mutex_unlock(&midway.lock);
 	return NULL;
 }
 
-/* Rank 2 of 4 is aborted by another thread during a large allreduce (when
- * exactly does not matter): its conns are reset, and every rank, including
- * those not adjacent to it, fails within 5 s with a message. */
+/* Rank 2 of 4 is aborted by another thread, before or during its part of a
+ * large allreduce (when exactly does not matter): its conns are reset, and
+ * every rank, including those not adjacent to it, fails within 5 s with a
+ * message. Rank 0 (not adjacent to 2) joins only once the abort is issued,
+ * so the allreduce cannot complete before it, however the threads run. */
 static void abort_midway_body(struct world *w, int rank, struct kolo_ring_comm *rc)
 {
 	size_t count = LARGE_COUNT * 4;
@@ -794,6 +810,19 @@ static void abort_midway_body(struct world *w, int rank, struct kolo_ring_comm *
 	pthread_t helper;
 	if (rank == 2)
 		pthread_create(&helper, NULL, abort_helper, rc);
+	if (rank == 0) {
+		struct timespec dl;
+		clock_gettime(CLOCK_REALTIME, &dl);
+		dl.tv_sec += 10;
+		pthread_mutex_lock(&midway.lock);
+		while (!midway.done &&
+		       pthread_cond_timedwait(&midway.cond, &midway.lock, &dl) != ETIMEDOUT) {
+		}
+		bool done = midway.done;
+		pthread_mutex_unlock(&midway.lock);
+		if (!done)
+			world_fail(w, "rank 0: rank 2's abort did not come within 10 s");
+	}
 	uint64_t t0 = kolo_now_ms();
 	kolo_status_t st = kolo_ring_allreduce(rc, buf, buf, count, KOLO_FLOAT32, KOLO_SUM, 1, 1);
 	uint64_t ms = kolo_now_ms() - t0;
@@ -815,6 +844,7 @@ static void abort_midway_body(struct world *w, int rank, struct kolo_ring_comm *
 
 START_TEST(test_abort_midway)
 {
+	midway.done = false;
 	struct world w;
 	struct kolo_ring_config cfg = base_cfg();
 	cfg.timeout_ms = 20000;
