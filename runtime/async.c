@@ -3,6 +3,7 @@
 #include "fusion.h"
 #include "runtime.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* The comm's engine, created on first use. */
@@ -15,8 +16,11 @@ static kolo_status_t engine_of(struct kolo_comm *comm, struct kolo_engine **out)
 	kolo_status_t st = KOLO_OK;
 	if (!comm->engine) {
 		struct kolo_errbuf eb = {{0}};
+		struct kolo_engine_config cfg;
+		kolo_engine_config_from_params(&cfg);
+		cfg.timeout_ms = comm->timeout_ms;
 		st = kolo_engine_create(comm->ring, comm->assignment.rank, comm->assignment.size,
-		                        NULL, &comm->engine, &eb);
+		                        &cfg, &comm->engine, &eb);
 		if (st != KOLO_OK)
 			kolo_comm_fail(comm, st, "starting the fusion engine: %s", eb.msg);
 	}
@@ -204,6 +208,11 @@ KOLO_API kolo_status_t kolo_wait(kolo_handle_t *handle)
 KOLO_API void kolo_handle_release(kolo_handle_t *handle)
 {
 	kolo_handle_drop(handle);
+}
+
+KOLO_API void kolo_free(void *ptr)
+{
+	free(ptr);
 }
 
 KOLO_API kolo_status_t kolo_join(kolo_comm_t *comm, int *last_rank)

@@ -78,6 +78,12 @@ static kolo_status_t lookup_peer(void *ctx, int rank, struct kolo_transport_hand
                                  int timeout_ms)
 {
 	struct kolo_comm *comm = ctx;
+	if (comm->cards) {
+		if (rank < 0 || rank >= comm->assignment.size)
+			return kolo_comm_fail(comm, KOLO_EINVAL, "no card for rank %d", rank);
+		*out = comm->cards[rank];
+		return KOLO_OK;
+	}
 	char key[64];
 	snprintf(key, sizeof(key), "addr/%" PRId64 "/%d", comm->assignment.round, rank);
 	void *data = NULL;
@@ -187,32 +193,29 @@ static kolo_status_t hier_setup(struct kolo_comm *comm)
 	return KOLO_OK;
 }
 
-/* Creates the data plane for the current assignment: transport, its
- * published address, the ring. */
-kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
+/* The transport for the current assignment, listening. */
+kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
+                                            struct kolo_transport_handle *out)
 {
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
-	char route_to[KOLO_RDZV_HOST_MAX];
-	url_host(kolo_param_str(KOLO_P_RENDEZVOUS), route_to, sizeof(route_to));
 	const char *transport = kolo_param_str(KOLO_P_TRANSPORT);
 	if (strcmp(transport, "tcp") != 0)
 		return kolo_comm_fail(comm, KOLO_EUNSUPPORTED,
 		                      "KOLO_TRANSPORT=%s: only tcp is built in", transport);
 	struct kolo_transport_config tc = {
-	        .job = kolo_param_str(KOLO_P_JOB),
+	        .job = comm->job,
 	        .round = a->round,
 	        .rank = a->rank,
 	        .size = a->size,
 	        .token = (const uint8_t *)comm->token,
 	        .token_len = strlen(comm->token),
-	        .timeout_ms = (int)kolo_param_int(KOLO_P_TIMEOUT_MS),
+	        .timeout_ms = comm->timeout_ms,
 	        .streams = (int)KOLO_MAX(kolo_param_int(KOLO_P_TCP_STREAMS), 0),
 	        .iface = kolo_param_str(KOLO_P_IFACE),
-	        .route_to = route_to[0] ? route_to : NULL,
+	        .route_to = comm->route_to[0] ? comm->route_to : NULL,
 	        .socket_buffer = (int)kolo_param_int(KOLO_P_SOCKET_BUFFER),
 	        .spin_us = (int)kolo_param_int(KOLO_P_SPIN_US),
 	};
-	bool use_shm = shm_enabled(), all_shm = use_shm;
 	bool *same_host = calloc((size_t)a->size, sizeof(bool));
 	if (!same_host)
 		return kolo_comm_fail(comm, KOLO_ENOMEM, "out of memory");
@@ -221,28 +224,29 @@ kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
 		if (m->rank >= 0 && m->rank < a->size)
 			same_host[m->rank] = strcmp(m->host, comm->host) == 0;
 	}
-	for (int r = 0; r < a->size; r++)
-		all_shm = all_shm && same_host[r];
 	struct kolo_errbuf teb = {{0}};
 	kolo_status_t st =
-	        kolo_hybrid_create(&tc, same_host, use_shm ? &kolo_transport_shm_ops : NULL,
+	        kolo_hybrid_create(&tc, same_host, shm_enabled() ? &kolo_transport_shm_ops : NULL,
 	                           &kolo_transport_tcp_ops, &comm->transport, &teb);
 	free(same_host);
 	if (st != KOLO_OK)
 		return kolo_comm_fail(comm, st, "creating the transport failed: %s", teb.msg);
 	const struct kolo_transport_ops *ops = comm->transport->ops;
-	struct kolo_transport_handle handle;
-	memset(&handle, 0, sizeof(handle));
-	st = ops->listen(comm->transport, &handle);
+	memset(out, 0, sizeof(*out));
+	st = ops->listen(comm->transport, out);
 	if (st != KOLO_OK)
 		return kolo_comm_fail(comm, st, "%s listen: %s", ops->name,
 		                      comm->transport->err.msg);
-	char key[64];
-	snprintf(key, sizeof(key), "addr/%" PRId64 "/%d", a->round, a->rank);
-	st = kolo_rdzv_kv_put(comm->rdzv, key, handle.bytes, sizeof(handle.bytes));
-	if (st != KOLO_OK)
-		return kolo_comm_fail(comm, st, "publishing the address: %s",
-		                      kolo_rdzv_client_error(comm->rdzv));
+	return KOLO_OK;
+}
+
+/* The ring over comm->transport, and the hierarchy where it pays. */
+kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm)
+{
+	const struct kolo_rdzv_assignment *a = &comm->assignment;
+	bool all_shm = shm_enabled();
+	for (int i = 0; i < a->n_members; i++)
+		all_shm = all_shm && strcmp(a->members[i].host, comm->host) == 0;
 	struct kolo_ring_config rc = {
 	        .transport = comm->transport,
 	        .rank = a->rank,
@@ -251,20 +255,57 @@ kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
 	        .lookup_ctx = comm,
 	        .small_allreduce_bytes = (size_t)kolo_param_int(KOLO_P_SMALL_ALLREDUCE_BYTES),
 	        .segment_bytes = segment_bytes(all_shm),
-	        .timeout_ms = tc.timeout_ms,
-	        .spin_us = tc.spin_us,
+	        .timeout_ms = comm->timeout_ms,
+	        .spin_us = (int)kolo_param_int(KOLO_P_SPIN_US),
 	        .spin_yield = spin_yield(a),
 	};
 	struct kolo_errbuf eb = {{0}};
-	st = kolo_ring_comm_create(&rc, &comm->ring, &eb);
+	kolo_status_t st = kolo_ring_comm_create(&rc, &comm->ring, &eb);
 	if (st != KOLO_OK)
 		return kolo_comm_fail(comm, st, "connecting the ring: %s", eb.msg);
-	if ((st = hier_setup(comm)) != KOLO_OK)
-		return st;
-	return KOLO_OK;
+	return hier_setup(comm);
 }
 
-static void comm_free(struct kolo_comm *comm)
+/* Creates the data plane for the current assignment: transport, its
+ * published address, the ring. */
+kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm)
+{
+	const struct kolo_rdzv_assignment *a = &comm->assignment;
+	struct kolo_transport_handle handle;
+	kolo_status_t st = kolo_runtime_transport_create(comm, &handle);
+	if (st != KOLO_OK)
+		return st;
+	char key[64];
+	snprintf(key, sizeof(key), "addr/%" PRId64 "/%d", a->round, a->rank);
+	st = kolo_rdzv_kv_put(comm->rdzv, key, handle.bytes, sizeof(handle.bytes));
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "publishing the address: %s",
+		                      kolo_rdzv_client_error(comm->rdzv));
+	return kolo_runtime_ring_create(comm);
+}
+
+struct kolo_comm *kolo_runtime_comm_new(void)
+{
+	struct kolo_comm *comm = calloc(1, sizeof(*comm));
+	if (!comm)
+		return NULL;
+	pthread_mutex_init(&comm->engine_lock, NULL);
+	pthread_mutex_init(&comm->elastic_lock, NULL);
+	atomic_init(&comm->aborted, false);
+	int64_t to = kolo_param_int(KOLO_P_TIMEOUT_MS);
+	comm->timeout_ms = (int)KOLO_MAX(KOLO_MIN(to, INT32_MAX), 1);
+	return comm;
+}
+
+void kolo_runtime_set_init_error(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(init_error, sizeof(init_error), fmt, ap);
+	va_end(ap);
+}
+
+void kolo_runtime_comm_free(struct kolo_comm *comm)
 {
 	if (!comm)
 		return;
@@ -281,10 +322,11 @@ static void comm_free(struct kolo_comm *comm)
 		memset(comm->token, 0, strlen(comm->token));
 		free(comm->token);
 	}
+	free(comm->cards);
 	free(comm);
 }
 
-static kolo_status_t init_fail(struct kolo_comm *comm, kolo_status_t st)
+kolo_status_t kolo_runtime_init_fail(struct kolo_comm *comm, kolo_status_t st)
 {
 	snprintf(init_error, sizeof(init_error), "%s", comm->err.msg);
 	KOLO_ERROR(SUBSYS, "kolo_init failed: %s: %s", kolo_strerror(st), init_error);
@@ -292,7 +334,7 @@ static kolo_status_t init_fail(struct kolo_comm *comm, kolo_status_t st)
 	 * when the server is unreachable: that would only wait again). */
 	if (comm->rdzv && st != KOLO_ERENDEZVOUS && st != KOLO_EAUTH)
 		kolo_rdzv_leave(comm->rdzv);
-	comm_free(comm);
+	kolo_runtime_comm_free(comm);
 	return st;
 }
 
@@ -305,26 +347,27 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	}
 	*out = NULL;
 	kolo_log_configure();
-	struct kolo_comm *comm = calloc(1, sizeof(*comm));
+	struct kolo_comm *comm = kolo_runtime_comm_new();
 	if (!comm) {
 		snprintf(init_error, sizeof(init_error), "out of memory");
 		return KOLO_ENOMEM;
 	}
-	pthread_mutex_init(&comm->engine_lock, NULL);
-	pthread_mutex_init(&comm->elastic_lock, NULL);
 	kolo_status_t st;
 	const char *url = kolo_param_str(KOLO_P_RENDEZVOUS);
+	snprintf(comm->job, sizeof(comm->job), "%s", kolo_param_str(KOLO_P_JOB));
+	url_host(url, comm->route_to, sizeof(comm->route_to));
 	if (!url[0])
-		return init_fail(comm,
-		                 kolo_comm_fail(comm, KOLO_EINVAL,
-		                                "KOLO_RENDEZVOUS is not set: run under kolorun "
-		                                "or set it to the rendezvous server's URL"));
+		return kolo_runtime_init_fail(
+		        comm, kolo_comm_fail(comm, KOLO_EINVAL,
+		                             "KOLO_RENDEZVOUS is not set: run under kolorun "
+		                             "or set it to the rendezvous server's URL"));
 	if ((st = kolo_token_load(&comm->token, &comm->err)) != KOLO_OK)
-		return init_fail(comm, st);
+		return kolo_runtime_init_fail(comm, st);
 	if (kolo_hostname(comm->host, sizeof(comm->host)) != KOLO_OK || !comm->host[0])
-		return init_fail(comm, kolo_comm_fail(comm, KOLO_ESYSTEM,
-		                                      "cannot determine the host name; set "
-		                                      "KOLO_HOSTNAME"));
+		return kolo_runtime_init_fail(comm,
+		                              kolo_comm_fail(comm, KOLO_ESYSTEM,
+		                                             "cannot determine the host name; set "
+		                                             "KOLO_HOSTNAME"));
 	kolo_log_set_identity(comm->host, -1);
 	struct kolo_rdzv_client_config cc = {
 	        .url = url,
@@ -334,21 +377,22 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	        .deadline_ms = (int)kolo_param_int(KOLO_P_RDZV_DEADLINE_MS),
 	};
 	if ((st = kolo_rdzv_client_create(&cc, &comm->rdzv, &comm->err)) != KOLO_OK)
-		return init_fail(comm, st);
+		return kolo_runtime_init_fail(comm, st);
 	if ((st = kolo_rdzv_join(comm->rdzv)) != KOLO_OK)
-		return init_fail(comm, kolo_comm_fail(comm, st, "joining job %s at %s: %s", cc.job,
-		                                      url, kolo_rdzv_client_error(comm->rdzv)));
+		return kolo_runtime_init_fail(
+		        comm, kolo_comm_fail(comm, st, "joining job %s at %s: %s", cc.job, url,
+		                             kolo_rdzv_client_error(comm->rdzv)));
 	/* Heartbeat while waiting too: a long wait must not cost the lease. */
 	if ((st = kolo_rdzv_heartbeat_start(comm->rdzv,
 	                                    (int)kolo_param_int(KOLO_P_HEARTBEAT_MS))) != KOLO_OK)
-		return init_fail(
+		return kolo_runtime_init_fail(
 		        comm, kolo_comm_fail(comm, st, "%s", kolo_rdzv_client_error(comm->rdzv)));
 	int timeout = (int)KOLO_MIN(kolo_param_int(KOLO_P_INIT_TIMEOUT_MS), INT32_MAX);
 	if ((st = kolo_rdzv_wait_assignment(comm->rdzv, 0, timeout, &comm->assignment)) !=
 	    KOLO_OK) {
 		kolo_comm_fail(comm, st, "waiting for a round of job %s at %s: %s", cc.job, url,
 		               kolo_rdzv_client_error(comm->rdzv));
-		return init_fail(comm, st);
+		return kolo_runtime_init_fail(comm, st);
 	}
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
 	kolo_log_set_identity(comm->host, a->rank);
@@ -358,48 +402,66 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	          a->round, a->rank, a->size, a->local_rank, a->local_size, a->cross_rank,
 	          a->cross_size, kolo_rdzv_worker_id(comm->rdzv));
 	if ((st = kolo_runtime_data_plane_create(comm)) != KOLO_OK)
-		return init_fail(comm, st);
+		return kolo_runtime_init_fail(comm, st);
 	if ((st = kolo_runtime_elastic_start(comm)) != KOLO_OK)
-		return init_fail(comm, st);
+		return kolo_runtime_init_fail(comm, st);
 	*out = comm;
 	return KOLO_OK;
+}
+
+/* true when this rank's data plane has failed or was given up: the other
+ * ranks cannot all be waiting for a clean finish. */
+static bool comm_failed(const struct kolo_comm *comm)
+{
+	return atomic_load(&comm->aborted) || kolo_ring_failed_peer(comm->ring) >= 0;
 }
 
 /* Waits until every rank has finished with the data plane, so that closing
  * our connections cannot cut off data a peer still has to read (a reset
  * discards it). Through the KV, not the data plane: the last message of any
- * data-plane barrier could itself be cut off. Bounded by KOLO_TIMEOUT_MS: a
- * dead peer must not stop us from finishing. */
+ * data-plane barrier could itself be cut off. Each rank reports "1" (done) or
+ * "0" (failed) under fin/<round>/<rank>; rank 0 gathers them and publishes
+ * the verdict under fin/<round>/all, which a failed rank publishes at once
+ * itself, so that nobody waits for ranks that are gone. Bounded by
+ * KOLO_TIMEOUT_MS. */
 static void finalize_sync(struct kolo_comm *comm)
 {
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
-	if (a->size <= 1)
+	if (a->size <= 1 || !comm->rdzv)
 		return;
-	int timeout = (int)KOLO_MAX(kolo_param_int(KOLO_P_TIMEOUT_MS), 1);
-	uint64_t end = kolo_now_ms() + (uint64_t)timeout;
+	bool failed = comm_failed(comm);
+	uint64_t end = kolo_now_ms() + (uint64_t)comm->timeout_ms;
 	char key[64];
 	void *data = NULL;
-	size_t len;
+	size_t len = 0;
 	kolo_status_t st;
+	const char *mine = failed ? "0" : "1";
 	snprintf(key, sizeof(key), "fin/%" PRId64 "/%d", a->round, a->rank);
-	if ((st = kolo_rdzv_kv_put(comm->rdzv, key, "1", 1)) != KOLO_OK)
+	if ((st = kolo_rdzv_kv_put(comm->rdzv, key, mine, 1)) != KOLO_OK)
 		goto fail;
+	snprintf(key, sizeof(key), "fin/%" PRId64 "/all", a->round);
+	if (failed) {
+		KOLO_INFO(SUBSYS, "finalize after a failure: not waiting for the other ranks");
+		kolo_rdzv_kv_put(comm->rdzv, key, "0", 1);
+		return;
+	}
 	if (a->rank == 0) {
-		for (int r = 1; r < a->size; r++) {
+		bool all_done = true;
+		for (int r = 1; r < a->size && all_done; r++) {
 			uint64_t now = kolo_now_ms();
 			snprintf(key, sizeof(key), "fin/%" PRId64 "/%d", a->round, r);
 			st = kolo_rdzv_kv_get(comm->rdzv, key, now < end ? (int)(end - now) : 0,
 			                      &data, &len);
+			all_done = st == KOLO_OK && len == 1 && ((char *)data)[0] == '1';
 			free(data);
 			data = NULL;
 			if (st != KOLO_OK)
 				goto fail;
 		}
 		snprintf(key, sizeof(key), "fin/%" PRId64 "/all", a->round);
-		st = kolo_rdzv_kv_put(comm->rdzv, key, "1", 1);
+		st = kolo_rdzv_kv_put(comm->rdzv, key, all_done ? "1" : "0", 1);
 	} else {
-		snprintf(key, sizeof(key), "fin/%" PRId64 "/all", a->round);
-		st = kolo_rdzv_kv_get(comm->rdzv, key, timeout, &data, &len);
+		st = kolo_rdzv_kv_get(comm->rdzv, key, comm->timeout_ms, &data, &len);
 		free(data);
 	}
 	if (st == KOLO_OK)
@@ -407,6 +469,22 @@ static void finalize_sync(struct kolo_comm *comm)
 fail:
 	KOLO_WARN(SUBSYS, "finalize: not every rank reported done (%s); closing anyway",
 	          kolo_rdzv_client_error(comm->rdzv));
+}
+
+KOLO_API void kolo_abort(kolo_comm_t *comm)
+{
+	if (!comm)
+		return;
+	atomic_store(&comm->aborted, true);
+	pthread_mutex_lock(&comm->engine_lock);
+	if (comm->engine)
+		kolo_engine_abort(comm->engine, KOLO_ECLOSED);
+	pthread_mutex_unlock(&comm->engine_lock);
+	pthread_mutex_lock(&comm->elastic_lock);
+	struct kolo_ring_comm *ring = comm->elastic ? comm->live_ring : comm->ring;
+	if (ring)
+		kolo_ring_abort(ring, KOLO_ECLOSED);
+	pthread_mutex_unlock(&comm->elastic_lock);
 }
 
 KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm)
@@ -424,11 +502,11 @@ KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm)
 	if (comm->transport)
 		comm->transport->ops->destroy(comm->transport);
 	comm->transport = NULL;
-	kolo_status_t st = kolo_rdzv_leave(comm->rdzv);
+	kolo_status_t st = comm->rdzv ? kolo_rdzv_leave(comm->rdzv) : KOLO_OK;
 	if (st != KOLO_OK)
 		KOLO_WARN(SUBSYS, "leaving the rendezvous failed: %s",
 		          kolo_rdzv_client_error(comm->rdzv));
 	kolo_log_set_identity(comm->host, -1);
-	comm_free(comm);
+	kolo_runtime_comm_free(comm);
 	return st;
 }

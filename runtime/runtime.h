@@ -7,6 +7,7 @@
 #define KOLO_RUNTIME_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "core.h"
@@ -17,7 +18,14 @@
 struct kolo_engine; /* fusion/ */
 
 struct kolo_comm {
-	struct kolo_rdzv_client *rdzv;
+	struct kolo_rdzv_client *rdzv; /* NULL for a bootstrap comm (bootstrap.c) */
+	/* Bootstrap comms: every rank's transport handle, given by the caller;
+	 * NULL when the addresses come from the rendezvous KV. */
+	struct kolo_transport_handle *cards;
+	char job[KOLO_RDZV_ID_MAX];
+	char route_to[KOLO_RDZV_HOST_MAX];      /* picks this rank's address; "" default */
+	int timeout_ms;                         /* no-progress timeout of collectives */
+	atomic_bool aborted;                    /* kolo_abort() was called */
 	struct kolo_rdzv_assignment assignment; /* rank, size, ... of this round */
 	struct kolo_transport *transport;
 	struct kolo_ring_comm *ring;
@@ -54,6 +62,20 @@ struct kolo_elastic; /* elastic/ */
 /* Creates the transport for comm->assignment, publishes its address and
  * connects the ring (init.c; also what kolo_reform does for a new round). */
 kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm);
+/* The two halves of it: the transport, listening, with its handle in *out;
+ * then the ring (and hierarchy), whose peer addresses come from comm->cards
+ * or from the KV. */
+kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
+                                            struct kolo_transport_handle *out);
+kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm);
+
+/* A zeroed comm with its locks initialised, or NULL; comm_free's inverse. */
+struct kolo_comm *kolo_runtime_comm_new(void);
+void kolo_runtime_comm_free(struct kolo_comm *comm);
+/* Records comm's last error as this thread's kolo_init_error(), frees the
+ * comm and returns st. */
+kolo_status_t kolo_runtime_init_fail(struct kolo_comm *comm, kolo_status_t st);
+void kolo_runtime_set_init_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Elastic mode (reform.c). start: when KOLO_ELASTIC is set, installs the
  * SIGTERM handler and starts the membership watcher for the comm's round;

@@ -93,6 +93,11 @@ KOLO_API void kolo_handle_release(kolo_handle_t *handle);
  * joined; *last_rank (may be NULL) is the last rank to join. */
 KOLO_API kolo_status_t kolo_join(kolo_comm_t *comm, int *last_rank);
 
+/* Frees a buffer that kolo allocated for the caller (the results of
+ * kolo_allgather_async and kolo_alltoall_async), as free() does; for
+ * bindings that cannot reach the C library's free(). Accepts NULL. */
+KOLO_API void kolo_free(void *ptr);
+
 /* Starts / stops writing the Chrome-trace timeline (as KOLO_TIMELINE). */
 KOLO_API kolo_status_t kolo_timeline_start(kolo_comm_t *comm, const char *path);
 KOLO_API kolo_status_t kolo_timeline_stop(kolo_comm_t *comm);

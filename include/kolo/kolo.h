@@ -24,27 +24,27 @@ extern "C" {
 #define KOLO_API
 #endif
 
-#define KOLO_VERSION_MAJOR 0
-#define KOLO_VERSION_MINOR 1
-#define KOLO_VERSION_PATCH 0
+#define KOLO_VERSION_MAJOR  0
+#define KOLO_VERSION_MINOR  1
+#define KOLO_VERSION_PATCH  0
 #define KOLO_VERSION_STRING "0.1.0"
 
 /* Status codes: few on purpose; the detail goes into kolo_last_error(). */
-#define KOLO_STATUS_MAP(X)                                                        \
-	X(OK, 0, "success")                                                       \
-	X(EINVAL, 1, "invalid argument")                                          \
-	X(ETIMEDOUT, 2, "timed out")                                              \
-	X(EPEER, 3, "a peer failed")                                              \
-	X(EMEMBERSHIP, 4, "membership changed; re-form the comm")                 \
-	X(ENOMEM, 5, "out of memory")                                             \
-	X(ESYSTEM, 6, "system call failed")                                       \
-	X(EPROTO, 7, "protocol error")                                            \
-	X(EAUTH, 8, "authentication failed")                                      \
-	X(ENOTFOUND, 9, "not found")                                              \
-	X(ERENDEZVOUS, 10, "rendezvous server unreachable or refused the request") \
-	X(ECLOSED, 11, "closed")                                                  \
-	X(EMISMATCH, 12, "ranks disagree about an operation")                     \
-	X(ESHUTDOWN, 13, "shut down")                                             \
+#define KOLO_STATUS_MAP(X)                                                                         \
+	X(OK, 0, "success")                                                                        \
+	X(EINVAL, 1, "invalid argument")                                                           \
+	X(ETIMEDOUT, 2, "timed out")                                                               \
+	X(EPEER, 3, "a peer failed")                                                               \
+	X(EMEMBERSHIP, 4, "membership changed; re-form the comm")                                  \
+	X(ENOMEM, 5, "out of memory")                                                              \
+	X(ESYSTEM, 6, "system call failed")                                                        \
+	X(EPROTO, 7, "protocol error")                                                             \
+	X(EAUTH, 8, "authentication failed")                                                       \
+	X(ENOTFOUND, 9, "not found")                                                               \
+	X(ERENDEZVOUS, 10, "rendezvous server unreachable or refused the request")                 \
+	X(ECLOSED, 11, "closed")                                                                   \
+	X(EMISMATCH, 12, "ranks disagree about an operation")                                      \
+	X(ESHUTDOWN, 13, "shut down")                                                              \
 	X(EUNSUPPORTED, 14, "not supported")
 
 typedef enum kolo_status {
@@ -100,6 +100,12 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **comm);
 KOLO_API const char *kolo_init_error(void);
 /* Leaves the job gracefully and frees the comm. Accepts NULL. */
 KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm);
+/* Gives up on the job after a failure this rank knows of (an exception in
+ * the training program, a fatal signal being handled): every pending and
+ * later collective on comm fails with KOLO_ECLOSED, the peers see this rank
+ * go at once, and a following kolo_finalize() does not wait for the others.
+ * Thread-safe, non-blocking, idempotent. Accepts NULL. */
+KOLO_API void kolo_abort(kolo_comm_t *comm);
 
 KOLO_API int kolo_rank(const kolo_comm_t *comm);
 KOLO_API int kolo_size(const kolo_comm_t *comm);
@@ -120,17 +126,16 @@ KOLO_API const char *kolo_last_error(const kolo_comm_t *comm);
  * AVERAGE is SUM with postscale / size. */
 KOLO_API kolo_status_t kolo_allreduce(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
                                       size_t count, kolo_dtype_t dtype, kolo_op_t op);
-KOLO_API kolo_status_t kolo_allreduce_scaled(kolo_comm_t *comm, const void *sendbuf,
-                                             void *recvbuf, size_t count, kolo_dtype_t dtype,
-                                             kolo_op_t op, double prescale, double postscale);
+KOLO_API kolo_status_t kolo_allreduce_scaled(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
+                                             size_t count, kolo_dtype_t dtype, kolo_op_t op,
+                                             double prescale, double postscale);
 /* recvbuf holds size * count elements: rank r's block at r * count. */
 KOLO_API kolo_status_t kolo_allgather(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
                                       size_t count, kolo_dtype_t dtype);
 /* Rank r contributes recvcounts[r] elements; recvbuf holds their sum, in rank
  * order. sendcount must equal recvcounts[rank]. */
 KOLO_API kolo_status_t kolo_allgatherv(kolo_comm_t *comm, const void *sendbuf, size_t sendcount,
-                                       void *recvbuf, const size_t *recvcounts,
-                                       kolo_dtype_t dtype);
+                                       void *recvbuf, const size_t *recvcounts, kolo_dtype_t dtype);
 KOLO_API kolo_status_t kolo_broadcast(kolo_comm_t *comm, void *buf, size_t count,
                                       kolo_dtype_t dtype, int root);
 /* sendbuf holds `count` elements, split over the ranks in rank order with

@@ -1,0 +1,747 @@
+"""kolo: collective communication for data-parallel training, from Python.
+
+A pure-Python layer over libkolo's C ABI (ctypes); it is never compiled
+against torch, so a torch upgrade cannot break it. This module mirrors the C
+API with exceptions; ``kolo.torch`` is Horovod's ``horovod.torch`` API and
+``kolo.torch.distributed`` the ``torch.distributed`` backend.
+
+Buffers are numpy arrays or CPU torch tensors, passed by pointer (no copy)
+when contiguous. Asynchronous operations return a :class:`Handle`; waiting on
+it releases the GIL. Python code never runs on kolo's threads.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import sys
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from . import _lib
+
+__version__ = "0.1.0"
+
+log = logging.getLogger("kolo")
+
+# ---- errors ----------------------------------------------------------------
+
+
+class Error(RuntimeError):
+    """A failed kolo call: ``status`` is the C status code, ``name`` its name
+    (``"KOLO_EPEER"``) and ``message`` the detail from ``kolo_last_error()``."""
+
+    def __init__(self, status: int, name: str, message: str):
+        self.status = status
+        self.name = name
+        self.message = message
+        super().__init__(f"{name}: {message}" if message else name)
+
+
+class MembershipError(Error):
+    """The job's membership changed or a peer failed (EMEMBERSHIP, EPEER,
+    ETIMEDOUT): in an elastic job, restore the last commit and re-form."""
+
+
+class MismatchError(Error):
+    """Ranks disagreed about an operation (name, shape, dtype, op, root)."""
+
+
+class ShutdownError(Error):
+    """kolo was shut down (or this worker left the job)."""
+
+
+_S = _lib.STATUS
+_ERROR_CLASS = {
+    _S["EMEMBERSHIP"]: MembershipError,
+    _S["EPEER"]: MembershipError,
+    _S["ETIMEDOUT"]: MembershipError,
+    _S["EMISMATCH"]: MismatchError,
+    _S["ESHUTDOWN"]: ShutdownError,
+    _S["ECLOSED"]: ShutdownError,
+}
+
+
+def status_name(status: int) -> str:
+    return _lib.text(_lib.library().kolo_status_name(status))
+
+
+def _error(status: int, message: str) -> Error:
+    cls = _ERROR_CLASS.get(status, Error)
+    return cls(status, status_name(status), message)
+
+
+# ---- dtypes and buffers ----------------------------------------------------
+
+DTYPES = dict(_lib.DTYPES)
+_TORCH_DTYPES = {
+    "torch.int8": "int8",
+    "torch.uint8": "uint8",
+    "torch.int32": "int32",
+    "torch.int64": "int64",
+    "torch.float16": "float16",
+    "torch.bfloat16": "bfloat16",
+    "torch.float32": "float32",
+    "torch.float64": "float64",
+    "torch.bool": "bool",
+}
+_NUMPY_DTYPES = {
+    "int8": "int8",
+    "uint8": "uint8",
+    "int32": "int32",
+    "int64": "int64",
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "bool": "bool",
+}
+SUPPORTED = ", ".join(list(DTYPES) + ["bool (not for sum, average or product)"])
+
+
+class Buffer:
+    """A contiguous host buffer: pointer, element count and kolo dtype, with
+    a reference to the object that owns the memory."""
+
+    __slots__ = ("ptr", "count", "dtype", "dtype_name", "nbytes", "owner")
+
+    def __init__(self, ptr: int, count: int, dtype_name: str, owner: Any):
+        self.ptr = ptr
+        self.count = count
+        self.dtype_name = dtype_name
+        self.dtype = DTYPES["uint8" if dtype_name == "bool" else dtype_name]
+        self.nbytes = count * itemsize(dtype_name)
+        self.owner = owner
+
+
+def itemsize(dtype_name: str) -> int:
+    return {"int8": 1, "uint8": 1, "bool": 1, "int32": 4, "int64": 8, "float16": 2,
+            "bfloat16": 2, "float32": 4, "float64": 8}[dtype_name]
+
+
+def is_torch_tensor(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
+
+
+def buffer(obj: Any, name: str = "tensor", reduce: Optional[str] = None) -> Buffer:
+    """A :class:`Buffer` over a numpy array or a CPU torch tensor, without a
+    copy. ``reduce`` names the op for reductions (bool is refused for sum,
+    average and product). Raises TypeError/ValueError naming ``name``."""
+    if is_torch_tensor(obj):
+        t = obj
+        if t.device.type != "cpu":
+            raise TypeError(
+                f"kolo: {name} is on {t.device}; this build of kolo takes CPU tensors "
+                f"only (move it with .cpu())")
+        if str(t.layout) != "torch.strided":
+            raise TypeError(f"kolo: {name} is a {t.layout} tensor; kolo takes dense tensors")
+        dt = _TORCH_DTYPES.get(str(t.dtype))
+        if dt is None:
+            raise TypeError(f"kolo: {name} has dtype {t.dtype}, which kolo does not support "
+                            f"(supported: {SUPPORTED})")
+        if not t.is_contiguous():
+            raise ValueError(f"kolo: {name} is not contiguous (shape {tuple(t.shape)}, stride "
+                             f"{t.stride()}); pass tensor.contiguous()")
+        ptr, count = t.data_ptr(), t.numel()
+    elif hasattr(obj, "__array_interface__") and hasattr(obj, "flags"):
+        a = obj
+        dt = _NUMPY_DTYPES.get(str(a.dtype))
+        if dt is None or a.dtype.byteorder == ">":
+            raise TypeError(f"kolo: {name} has dtype {a.dtype}, which kolo does not support "
+                            f"(supported: {SUPPORTED})")
+        if not a.flags["C_CONTIGUOUS"]:
+            raise ValueError(f"kolo: {name} is not C-contiguous; pass numpy.ascontiguousarray()")
+        if not a.flags["WRITEABLE"]:
+            raise ValueError(f"kolo: {name} is read-only")
+        ptr, count = a.__array_interface__["data"][0], a.size
+    else:
+        raise TypeError(f"kolo: {name} is a {type(obj).__name__}; kolo takes numpy arrays "
+                        f"and torch tensors")
+    if dt == "bool" and reduce in ("sum", "average", "product"):
+        raise TypeError(f"kolo: {name} is boolean; {reduce} is not defined for it (use min "
+                        f"or max, or convert it)")
+    return Buffer(ptr, count, dt, obj)
+
+
+def op_code(op: Any) -> int:
+    """A kolo op from its name ("sum", "average", ...) or code."""
+    if isinstance(op, str):
+        try:
+            return _lib.OPS[op.lower()]
+        except KeyError:
+            raise ValueError(f"kolo: unknown op {op!r} (use one of {', '.join(_lib.OPS)})")
+    if isinstance(op, int) and 0 <= op < len(_lib.OPS):
+        return op
+    raise ValueError(f"kolo: unknown op {op!r}")
+
+
+OP_NAMES = {v: k for k, v in _lib.OPS.items()}
+
+# ---- the comm --------------------------------------------------------------
+
+
+class _Comm:
+    def __init__(self, ptr: int, bootstrap: bool):
+        self.ptr = ptr
+        self.bootstrap = bootstrap
+        self.names: dict[str, int] = {}
+        self.name_lock = threading.Lock()
+
+    def check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise _error(status, f"{what}: {last_error()}")
+
+
+_comm: Optional[_Comm] = None
+_comm_lock = threading.RLock()
+_failed = False  # an uncaught exception is ending the interpreter
+
+
+def _lib_() -> ctypes.CDLL:
+    return _lib.library()
+
+
+def init() -> None:
+    """Joins the job: every worker calls it once before any collective.
+
+    Under ``kolorun`` (or with ``KOLO_RENDEZVOUS`` set) this joins the
+    rendezvous and connects the ring, blocking up to ``KOLO_INIT_TIMEOUT_MS``;
+    without them the process runs as a job of one worker. Calling it again
+    while initialized does nothing. Raises :class:`Error` on failure."""
+    global _comm
+    with _comm_lock:
+        if _comm is not None:
+            return
+        lib = _lib_()
+        if not os.environ.get("KOLO_RENDEZVOUS"):
+            log.info("kolo: KOLO_RENDEZVOUS is not set (not under kolorun): running as a job "
+                     "of one worker")
+            _comm = _Comm(bootstrap_connect(0, 1, lambda b: [b])[0], True)
+        else:
+            ptr = _lib.c_comm_p()
+            st = lib.kolo_init(ctypes.byref(ptr))
+            if st != 0:
+                raise _error(st, "kolo_init: " + _lib.text(lib.kolo_init_error()))
+            _comm = _Comm(ptr.value, False)
+        _install_exit_hooks()
+
+
+def bootstrap_connect(rank: int, size: int, allgather: Callable[[bytes], list],
+                      job: str = "", token: str = "", route_to: str = "",
+                      timeout_ms: int = 0) -> tuple:
+    """Builds a comm without the rendezvous server (kolo/bootstrap.h).
+
+    ``allgather(data)`` must return every rank's ``data`` in rank order; it
+    is called twice, on this thread (host names, then cards). Returns
+    ``(comm pointer, None)``. Used by the torch.distributed backend (through
+    the c10d store) and for a job of one worker."""
+    lib = _lib_()
+    cfg = _lib.BootstrapConfig(rank, size, job.encode() or None, token.encode() or None,
+                               route_to.encode() or None, int(timeout_ms))
+    b = _lib.c_bootstrap_p()
+    st = lib.kolo_bootstrap_create(ctypes.byref(cfg), ctypes.byref(b))
+    if st != 0:
+        raise _error(st, "kolo_bootstrap_create: " + _lib.text(lib.kolo_init_error()))
+    try:
+        host = lib.kolo_bootstrap_host(b)
+        hosts = [bytes(h) for h in allgather(bytes(host))]
+        if len(hosts) != size:
+            raise ValueError(f"kolo: allgather returned {len(hosts)} host names for {size} ranks")
+        harr = (ctypes.c_char_p * size)(*hosts)
+        card = ctypes.create_string_buffer(_lib.BOOTSTRAP_CARD_SIZE)
+        st = lib.kolo_bootstrap_listen(b, harr, card)
+        if st != 0:
+            raise _error(st, "kolo_bootstrap_listen: " + _lib.text(lib.kolo_init_error()))
+        cards = [bytes(c) for c in allgather(card.raw)]
+        if len(cards) != size or any(len(c) != _lib.BOOTSTRAP_CARD_SIZE for c in cards):
+            raise ValueError("kolo: allgather returned malformed cards")
+    except BaseException:
+        lib.kolo_bootstrap_destroy(b)
+        raise
+    ptr = _lib.c_comm_p()
+    st = lib.kolo_bootstrap_connect(b, b"".join(cards), ctypes.byref(ptr))
+    if st != 0:
+        raise _error(st, "kolo_bootstrap_connect: " + _lib.text(lib.kolo_init_error()))
+    return ptr.value, None
+
+
+def adopt(comm_ptr: int) -> None:
+    """Makes ``comm_ptr`` (from :func:`bootstrap_connect`) this process's
+    comm, as :func:`init` would. Raises if one is already initialized."""
+    global _comm
+    with _comm_lock:
+        if _comm is not None:
+            raise RuntimeError("kolo: already initialized")
+        _comm = _Comm(comm_ptr, True)
+        _install_exit_hooks()
+
+
+def _get() -> _Comm:
+    c = _comm
+    if c is None:
+        raise ValueError("kolo has not been initialized; call init() first")
+    return c
+
+
+def comm_pointer() -> int:
+    """The kolo_comm_t * of this process (for C extensions)."""
+    return _get().ptr
+
+
+def is_initialized() -> bool:
+    return _comm is not None
+
+
+def finalize() -> None:
+    """Leaves the job and frees the comm; every rank calls it at the end
+    (it is also called at interpreter exit). Operations still in flight fail
+    with :class:`ShutdownError`. Safe to call twice."""
+    global _comm
+    with _comm_lock:
+        c, _comm = _comm, None
+        if c is None:
+            return
+        _orphans_reap(force=True)
+        lib = _lib_()
+        if _failed:
+            lib.kolo_abort(c.ptr)
+        lib.kolo_finalize(c.ptr)
+
+
+shutdown = finalize
+
+
+def abort() -> None:
+    """Gives up on the job after a failure this rank knows of: pending and
+    later operations fail, and finalize does not wait for the others."""
+    c = _comm
+    if c is not None:
+        _lib_().kolo_abort(c.ptr)
+
+
+_hooks_installed = False
+
+
+def _install_exit_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    previous = sys.excepthook
+
+    def excepthook(tp, value, tb):
+        global _failed
+        _failed = True
+        abort()
+        previous(tp, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(finalize)
+
+
+def _int(fn: str) -> int:
+    return getattr(_lib_(), fn)(_get().ptr)
+
+
+def rank() -> int:
+    return _int("kolo_rank")
+
+
+def size() -> int:
+    return _int("kolo_size")
+
+
+def local_rank() -> int:
+    return _int("kolo_local_rank")
+
+
+def local_size() -> int:
+    return _int("kolo_local_size")
+
+
+def cross_rank() -> int:
+    return _int("kolo_cross_rank")
+
+
+def cross_size() -> int:
+    return _int("kolo_cross_size")
+
+
+def round() -> int:  # noqa: A001 - the C name
+    """The membership round the comm is in (1 for the first)."""
+    return _int("kolo_round")
+
+
+def last_error() -> str:
+    c = _comm
+    return _lib.text(_lib_().kolo_last_error(c.ptr)) if c else ""
+
+
+def library_path() -> Optional[str]:
+    _lib_()
+    return _lib.path()
+
+
+# ---- handles ---------------------------------------------------------------
+
+# Handles whose Python object died before completion: their buffers stay
+# referenced here until the operation is done (kolo may still write them).
+_orphans: list = []
+_orphans_lock = threading.Lock()
+
+
+def _orphans_reap(force: bool = False) -> None:
+    if not _orphans:
+        return
+    lib = _lib_()
+    with _orphans_lock:
+        keep = []
+        for ptr, refs in _orphans:
+            done = ctypes.c_int(0)
+            if force:
+                lib.kolo_handle_release(ptr)
+                continue
+            lib.kolo_poll(ptr, ctypes.byref(done))
+            if done.value:
+                lib.kolo_handle_release(ptr)
+            else:
+                keep.append((ptr, refs))
+        _orphans[:] = keep
+
+
+class Handle:
+    """An operation in flight. :meth:`wait` blocks (without the GIL) until it
+    completes and returns its result; :meth:`poll` says whether it has. The
+    buffers it uses stay referenced until then."""
+
+    __slots__ = ("_ptr", "_refs", "_finish", "_what", "_result", "_error", "__weakref__")
+
+    def __init__(self, ptr: int, refs: tuple, finish: Optional[Callable[[], Any]], what: str):
+        self._ptr = ptr
+        self._refs = refs
+        self._finish = finish
+        self._what = what
+        self._result = None
+        self._error: Optional[Error] = None
+
+    def poll(self) -> bool:
+        """True once the operation has completed (successfully or not)."""
+        if self._ptr is None:
+            return True
+        done = ctypes.c_int(0)
+        st = _lib_().kolo_poll(self._ptr, ctypes.byref(done))
+        if st != 0:
+            raise _error(st, f"{self._what}: kolo_poll")
+        return bool(done.value)
+
+    def wait(self) -> Any:
+        """Waits for completion and returns the result (raises on failure).
+        May be called again: it returns the same result or raises again."""
+        if self._ptr is not None:
+            ptr, self._ptr = self._ptr, None
+            st = _lib_().kolo_wait(ptr)
+            if st != 0:
+                self._error = _error(st, f"{self._what}: {last_error()}")
+                self._refs = ()
+            else:
+                self._result = self._finish() if self._finish else None
+                self._refs = ()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def done(self) -> bool:
+        return self._ptr is None
+
+    def __del__(self):
+        ptr = getattr(self, "_ptr", None)
+        if ptr is not None and _lib._lib is not None:
+            with _orphans_lock:
+                _orphans.append((ptr, self._refs))
+
+
+def op_name(kind: str, name: Optional[str]) -> bytes:
+    """``name`` or, when None, ``"<kind>.noname.<n>"`` with a per-kind
+    counter: unnamed operations must be issued in the same order on every
+    rank. The counters restart after a re-form."""
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"kolo: an operation's name must be a non-empty string, not {name!r}")
+        return name.encode()
+    c = _get()
+    with c.name_lock:
+        n = c.names.get(kind, 0)
+        c.names[kind] = n + 1
+    return f"{kind}.noname.{n}".encode()
+
+
+def reset_names() -> None:
+    c = _comm
+    if c is not None:
+        with c.name_lock:
+            c.names.clear()
+
+
+def _enqueue(fn: str, what: str, args: list, refs: tuple,
+             finish: Optional[Callable[[], Any]] = None) -> Handle:
+    _orphans_reap()
+    c = _get()
+    h = _lib.c_handle_p()
+    st = getattr(_lib_(), fn)(c.ptr, *args, None, None, ctypes.byref(h))
+    c.check(st, what)
+    return Handle(h.value, refs, finish, what)
+
+
+def _scale(x: float, what: str) -> float:
+    x = float(x)
+    if x != x or x in (float("inf"), float("-inf")):
+        raise ValueError(f"kolo: {what} must be finite, not {x}")
+    return x
+
+
+def _same_kind(a: Buffer, b: Buffer, what: str) -> None:
+    if a.dtype_name != b.dtype_name or a.count != b.count:
+        raise ValueError(f"kolo: {what}: output has {b.count} {b.dtype_name} elements, input "
+                         f"{a.count} {a.dtype_name}")
+
+
+def allreduce_async(send: Any, recv: Any = None, name: Optional[str] = None, op: Any = "sum",
+                    prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+    """Reduces ``send`` over every rank into ``recv`` (default: in place).
+    Every rank calls it with the same name, count, dtype, op and scales; the
+    result is ``recv``. Returns a :class:`Handle`."""
+    code = op_code(op)
+    s = buffer(send, "send", reduce=OP_NAMES[code])
+    r = s if recv is None or recv is send else buffer(recv, "recv")
+    _same_kind(s, r, "allreduce")
+    nm = op_name("allreduce", name)
+    args = [nm, s.ptr, r.ptr, s.count, s.dtype, code, _scale(prescale, "prescale"),
+            _scale(postscale, "postscale")]
+    result = recv if recv is not None else send
+    return _enqueue("kolo_allreduce_async", f"allreduce {nm.decode()}", args, (s, r),
+                    lambda: result)
+
+
+def grouped_allreduce_async(sends: Sequence[Any], recvs: Optional[Sequence[Any]] = None,
+                            name: Optional[str] = None, op: Any = "sum", prescale: float = 1.0,
+                            postscale: float = 1.0) -> Handle:
+    """Allreduces several buffers of one dtype atomically (negotiated and
+    fused together). Names are ``<name>.<i>``. The result is ``recvs``."""
+    code = op_code(op)
+    if not sends:
+        raise ValueError("kolo: grouped allreduce of no tensors")
+    ss = [buffer(t, f"tensor {i}", reduce=OP_NAMES[code]) for i, t in enumerate(sends)]
+    rs = ss if recvs is None else [buffer(t, f"output {i}") for i, t in enumerate(recvs)]
+    if len(rs) != len(ss):
+        raise ValueError("kolo: grouped allreduce: as many outputs as inputs are needed")
+    for a, b in zip(ss, rs):
+        _same_kind(a, b, "grouped allreduce")
+    if len({b.dtype for b in ss}) != 1:
+        raise TypeError("kolo: grouped allreduce: every tensor must have the same dtype")
+    base = op_name("grouped_allreduce", name).decode()
+    n = len(ss)
+    names = [f"{base}.{i}".encode() for i in range(n)]
+    c_names = (ctypes.c_char_p * n)(*names)
+    c_send = (ctypes.c_void_p * n)(*[b.ptr for b in ss])
+    c_recv = (ctypes.c_void_p * n)(*[b.ptr for b in rs])
+    c_counts = (ctypes.c_size_t * n)(*[b.count for b in ss])
+    result = list(recvs) if recvs is not None else list(sends)
+    _orphans_reap()
+    c = _get()
+    h = _lib.c_handle_p()
+    st = _lib_().kolo_grouped_allreduce_async(
+        c.ptr, n, c_names, c_send, c_recv, c_counts, ss[0].dtype, code,
+        _scale(prescale, "prescale"), _scale(postscale, "postscale"), None, None,
+        ctypes.byref(h))
+    c.check(st, f"grouped allreduce {base}")
+    return Handle(h.value, (ss, rs, c_names, c_send, c_recv, c_counts), lambda: result,
+                  f"grouped allreduce {base}")
+
+
+def _gathered(recv_ptr: ctypes.c_void_p, counts, itemsz: int,
+              alloc: Callable[[int], Any]) -> tuple:
+    total = sum(counts)
+    out = alloc(total)
+    try:
+        if total:
+            ctypes.memmove(buffer(out, "output").ptr, recv_ptr.value, total * itemsz)
+    finally:
+        _lib_().kolo_free(recv_ptr.value)
+    return out, list(counts)
+
+
+def allgather_async(send: Any, alloc: Callable[[int], Any], name: Optional[str] = None) -> Handle:
+    """Gathers every rank's ``send`` (counts may differ by rank) in rank
+    order. ``alloc(n)`` makes the output of n elements of send's dtype.
+    The result is ``(output, counts)``."""
+    s = buffer(send, "send")
+    n = size()
+    counts = (ctypes.c_size_t * n)()
+    recv = ctypes.c_void_p()
+    nm = op_name("allgather", name)
+    isz = itemsize(s.dtype_name)
+    return _enqueue("kolo_allgather_async", f"allgather {nm.decode()}",
+                    [nm, s.ptr, s.count, s.dtype, ctypes.byref(recv), counts],
+                    (s, counts, recv), lambda: _gathered(recv, counts, isz, alloc))
+
+
+def broadcast_async(buf: Any, root: int, name: Optional[str] = None) -> Handle:
+    """Broadcasts ``buf`` from rank ``root`` in place; the result is ``buf``."""
+    b = buffer(buf, "tensor")
+    n = size()
+    if not isinstance(root, int) or not 0 <= root < n:
+        raise ValueError(f"kolo: broadcast root {root!r} is not a rank of this job (size {n})")
+    nm = op_name("broadcast", name)
+    return _enqueue("kolo_broadcast_async", f"broadcast {nm.decode()}",
+                    [nm, b.ptr, b.count, b.dtype, root], (b,), lambda: buf)
+
+
+def alltoall_async(send: Any, alloc: Callable[[int], Any],
+                   splits: Optional[Sequence[int]] = None, name: Optional[str] = None) -> Handle:
+    """Sends ``splits[j]`` elements of ``send`` (in order) to rank j (None:
+    equal parts). The result is ``(output, received counts)``."""
+    s = buffer(send, "send")
+    n = size()
+    c_splits = None
+    if splits is not None:
+        splits = [int(x) for x in splits]
+        if len(splits) != n or any(x < 0 for x in splits) or sum(splits) != s.count:
+            raise ValueError(f"kolo: alltoall splits {splits} must be {n} non-negative counts "
+                             f"adding up to the {s.count} elements sent")
+        c_splits = (ctypes.c_size_t * n)(*splits)
+    elif s.count % n:
+        raise ValueError(f"kolo: alltoall of {s.count} elements does not split into {n} equal "
+                         f"parts; give splits")
+    counts = (ctypes.c_size_t * n)()
+    recv = ctypes.c_void_p()
+    nm = op_name("alltoall", name)
+    isz = itemsize(s.dtype_name)
+    return _enqueue("kolo_alltoall_async", f"alltoall {nm.decode()}",
+                    [nm, s.ptr, s.count, c_splits, s.dtype, ctypes.byref(recv), counts],
+                    (s, counts, recv, c_splits), lambda: _gathered(recv, counts, isz, alloc))
+
+
+def reducescatter_count(count: int, n: int, r: int) -> int:
+    return int(_lib_().kolo_reducescatter_count(count, n, r))
+
+
+def reducescatter_async(send: Any, recv: Any, name: Optional[str] = None, op: Any = "sum",
+                        prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+    """Reduces ``send`` over the ranks and leaves rank r its block of
+    ``reducescatter_count(send elements, size, r)`` elements in ``recv``."""
+    code = op_code(op)
+    s = buffer(send, "send", reduce=OP_NAMES[code])
+    r = buffer(recv, "recv")
+    want = reducescatter_count(s.count, size(), rank())
+    if r.count != want or r.dtype_name != s.dtype_name:
+        raise ValueError(f"kolo: reducescatter output needs {want} {s.dtype_name} elements, "
+                         f"has {r.count} {r.dtype_name}")
+    nm = op_name("reducescatter", name)
+    return _enqueue("kolo_reducescatter_async", f"reducescatter {nm.decode()}",
+                    [nm, s.ptr, r.ptr, s.count, s.dtype, code, _scale(prescale, "prescale"),
+                     _scale(postscale, "postscale")], (s, r), lambda: recv)
+
+
+def barrier_async() -> Handle:
+    _orphans_reap()
+    c = _get()
+    h = _lib.c_handle_p()
+    c.check(_lib_().kolo_barrier_async(c.ptr, None, None, ctypes.byref(h)), "barrier")
+    return Handle(h.value, (), None, "barrier")
+
+
+def barrier() -> None:
+    """Returns once every rank has called it."""
+    barrier_async().wait()
+
+
+def join() -> int:
+    """This rank has no more data: it takes part in the others' allreduces
+    with zeros until every rank has joined. Returns the last rank to join."""
+    c = _get()
+    last = ctypes.c_int(-1)
+    c.check(_lib_().kolo_join(c.ptr, ctypes.byref(last)), "join")
+    return last.value
+
+
+def timeline_start(path: str) -> None:
+    c = _get()
+    c.check(_lib_().kolo_timeline_start(c.ptr, os.fsencode(path)), "timeline_start")
+
+
+def timeline_stop() -> None:
+    c = _get()
+    c.check(_lib_().kolo_timeline_stop(c.ptr), "timeline_stop")
+
+
+# ---- elastic ---------------------------------------------------------------
+
+
+def elastic_enabled() -> bool:
+    c = _comm
+    return bool(c and _lib_().kolo_elastic_enabled(c.ptr))
+
+
+def reform() -> None:
+    """Takes the comm to the next membership round (elastic jobs). Raises
+    :class:`ShutdownError` when this worker left the job meanwhile."""
+    c = _get()
+    _orphans_reap(force=True)
+    st = _lib_().kolo_reform(c.ptr)
+    reset_names()
+    c.check(st, "reform")
+
+
+def elastic_resets() -> int:
+    return _int("kolo_elastic_resets")
+
+
+class Commit:
+    """kolo's commit point without registered buffers: :meth:`check` is the
+    one small allreduce that tells whether a join or a leave is pending.
+    The training state itself is kept by the caller (kolo.torch.elastic)."""
+
+    def __init__(self):
+        c = _get()
+        p = _lib.c_state_p()
+        c.check(_lib_().kolo_state_create(c.ptr, ctypes.byref(p)), "kolo_state_create")
+        self._ptr = p.value
+
+    def check(self) -> bool:
+        """True when the job must re-form (a change is pending); raises the
+        collective's failure otherwise."""
+        st = _lib_().kolo_state_commit(self._ptr)
+        if st == _S["EMEMBERSHIP"]:
+            return True
+        _get().check(st, "commit")
+        return False
+
+    def left(self) -> bool:
+        """True after this worker left the job at a commit (SIGTERM)."""
+        return bool(_lib_().kolo_state_left(self._ptr))
+
+    def close(self) -> None:
+        if self._ptr is not None:
+            _lib_().kolo_state_destroy(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        if getattr(self, "_ptr", None) is not None and _lib._lib is not None:
+            self.close()
+
+
+def elastic_leave() -> None:
+    """Leave the job at the next commit point, as SIGTERM does."""
+    _lib_().kolo_elastic_leave()
+
+
+__all__ = [
+    "Error", "MembershipError", "MismatchError", "ShutdownError", "Buffer", "Handle", "Commit",
+    "init", "finalize", "shutdown", "abort", "is_initialized", "rank", "size", "local_rank",
+    "local_size", "cross_rank", "cross_size", "round", "last_error", "allreduce_async",
+    "grouped_allreduce_async", "allgather_async", "broadcast_async", "alltoall_async",
+    "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
+    "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",
+    "elastic_leave", "bootstrap_connect", "adopt", "buffer", "status_name",
+]
