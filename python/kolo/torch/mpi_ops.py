@@ -1,2 +1,1106 @@
-"""(being written)"""
-__all__ = []
+"""Horovod's collectives (``horovod.torch.mpi_ops``) on kolo.
+
+Every function keeps Horovod 0.28's name, arguments and semantics:
+
+- ``x(...)`` is blocking and differentiable (a ``torch.autograd.Function``),
+  ``x_async(...)`` returns an int handle for :func:`poll` and
+  :func:`synchronize`, and the in-place forms ``x_(...)``/``x_async_(...)``
+  write into their argument.
+- Operations are matched across ranks by name. An unnamed operation is named
+  ``"<kind>.noname.<n>"`` from a per-kind counter, so unnamed operations must
+  be issued in the same order on every rank. A mismatch (shape, dtype, op,
+  root) fails the operation on every rank with :class:`kolo.MismatchError`
+  naming the ranks; a name that some rank never submits is a stall (see
+  ``KOLO_STALL_SHUTDOWN_SECONDS``).
+- Tensors are CPU tensors of float16, bfloat16, float32, float64, int8,
+  uint8, int32 or int64, and bool where the operation is defined for it
+  (broadcast, allgather, alltoall, Min and Max). A non-contiguous tensor is
+  a ``ValueError``; another dtype, a sparse or a non-CPU tensor a
+  ``TypeError``; both raised before anything is enqueued.
+
+What kolo lacks is refused with ``NotImplementedError``: ``Adasum``, process
+sets other than the global one. Failures of the job raise ``kolo`` errors:
+:class:`kolo.MembershipError` (Horovod's ``HorovodInternalError``),
+:class:`kolo.MismatchError`, :class:`kolo.ShutdownError`.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import logging
+import math
+import operator
+import threading
+import warnings
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+import torch
+
+import kolo
+from kolo import _lib
+
+from .compression import Compression
+
+log = logging.getLogger("kolo.torch")
+
+# ---- lifecycle -------------------------------------------------------------
+
+
+class ProcessSet:
+    """Horovod's process set: a subset of the ranks that runs collectives
+    together. kolo has one communicator per process, so only
+    :data:`global_process_set` can be used; building other sets is allowed
+    (scripts build them before init), using them raises
+    ``NotImplementedError``."""
+
+    process_set_id: Optional[int] = None
+    ranks: Optional[List[int]] = None
+    mpi_comm: Any = None
+
+    def __init__(self, ranks_or_comm: Union[Sequence[int], Any]):
+        if isinstance(ranks_or_comm, collections.abc.Iterable) and \
+                not isinstance(ranks_or_comm, (str, bytes)):
+            ranks = sorted(ranks_or_comm)
+            if any(not isinstance(r, int) for r in ranks):
+                raise ValueError("ProcessSet should be initialized with a list of process ranks")
+            self.ranks = ranks
+        else:
+            raise NotImplementedError(
+                "kolo does not use MPI: a ProcessSet cannot be built from an MPI communicator")
+
+    def size(self) -> Optional[int]:
+        """The number of ranks in the set; None if it is not initialized."""
+        if self.process_set_id == 0:
+            return kolo.size()
+        return None
+
+    def rank(self) -> Optional[int]:
+        """This process's rank in the set; None if it is not initialized."""
+        if self.process_set_id == 0:
+            return kolo.rank()
+        return None
+
+    def included(self) -> Optional[bool]:
+        """Whether this process is in the set; None if the set has no ranks
+        yet."""
+        if self.process_set_id == 0:
+            return True
+        if self.ranks is None:
+            return None
+        return kolo.rank() in self.ranks
+
+    def __str__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+    __repr__ = __str__
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+def _process_sets_refused(what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"kolo does not implement process sets ({what}): every collective runs on the global "
+        f"process set, hvd.global_process_set")
+
+
+def _check_process_set(process_set: Any, what: str) -> None:
+    if process_set is global_process_set or (
+            isinstance(process_set, ProcessSet) and process_set.process_set_id == 0):
+        return
+    raise _process_sets_refused(f"{what} was given {process_set}")
+
+
+def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
+    """Horovod adds a dynamic process set; kolo raises NotImplementedError."""
+    raise _process_sets_refused(f"add_process_set({process_set})")
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Returns False for the global set and for sets that were never added
+    (as Horovod does); kolo has no others."""
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"remove_process_set takes a ProcessSet, not "
+                        f"{type(process_set).__name__}")
+    return False
+
+
+def init(comm: Optional[Sequence[int]] = None, process_sets: Any = None) -> None:
+    """Joins the job; every worker calls it once, before any collective.
+
+    ``comm`` may be None or a list of every rank (Horovod's sub-communicator
+    lists and MPI communicators raise NotImplementedError); ``process_sets``
+    may be None or a list holding only :data:`global_process_set`. Blocks
+    until every worker has joined (``KOLO_INIT_TIMEOUT_MS``). Calling it
+    again while initialized does nothing."""
+    if process_sets is not None:
+        if isinstance(process_sets, str):
+            raise _process_sets_refused(f"init(process_sets={process_sets!r})")
+        if any(ps is not global_process_set for ps in process_sets):
+            raise _process_sets_refused(f"init(process_sets={list(process_sets)})")
+    if comm is not None and not (isinstance(comm, collections.abc.Iterable)
+                                 and not isinstance(comm, (str, bytes))):
+        raise NotImplementedError("kolo does not use MPI: init(comm=<MPI communicator>) is not "
+                                  "supported; kolorun or the rendezvous forms the job")
+    ranks = None if comm is None else sorted(int(r) for r in comm)
+    kolo.init()
+    n = kolo.size()
+    if ranks and ranks != list(range(n)):
+        raise _process_sets_refused(f"init(comm={ranks}) asks for a subset of the {n} ranks")
+    global_process_set.ranks = list(range(n))
+    _clear_handles()
+
+
+def shutdown() -> None:
+    """Leaves the job (every rank calls it at the end; it also runs at
+    exit). Operations still in flight fail with kolo.ShutdownError."""
+    _clear_handles()
+    kolo.shutdown()
+
+
+def is_initialized() -> bool:
+    """True between :func:`init` and :func:`shutdown`."""
+    return kolo.is_initialized()
+
+
+def size() -> int:
+    """The number of ranks; ValueError before :func:`init`."""
+    return kolo.size()
+
+
+def local_size() -> int:
+    """The number of ranks on this host."""
+    return kolo.local_size()
+
+
+def cross_size() -> int:
+    """The number of hosts that have a rank with this process's local rank."""
+    return kolo.cross_size()
+
+
+def rank() -> int:
+    """This process's rank, 0 .. size() - 1."""
+    return kolo.rank()
+
+
+def local_rank() -> int:
+    """This process's index among the ranks of its host."""
+    return kolo.local_rank()
+
+
+def cross_rank() -> int:
+    """The index of this host among the hosts that have this local rank."""
+    return kolo.cross_rank()
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Starts writing the Chrome-trace timeline to ``file_path`` (any rank
+    may call it). Engine cycles are marked when ``KOLO_TIMELINE_MARK_CYCLES``
+    is set; ``mark_cycles=True`` without it only warns."""
+    if mark_cycles and not _env_true("KOLO_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES"):
+        warnings.warn("kolo: start_timeline(mark_cycles=True): cycle marks are configured at "
+                      "init with KOLO_TIMELINE_MARK_CYCLES=1; not marking them", stacklevel=2)
+    kolo.timeline_start(file_path)
+
+
+def stop_timeline() -> None:
+    """Stops writing the timeline and closes the file."""
+    kolo.timeline_stop()
+
+
+def _env_true(*names: str) -> bool:
+    import os
+
+    return any(os.environ.get(n, "").lower() in ("1", "true", "yes", "on") for n in names)
+
+
+# Build flags: kolo has none of Horovod's backends; each answer is False.
+def mpi_threads_supported() -> bool:
+    """False: kolo does not use MPI."""
+    return False
+
+
+def mpi_enabled() -> bool:
+    """False: kolo does not use MPI."""
+    return False
+
+
+def mpi_built() -> bool:
+    """False: kolo does not use MPI."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: kolo's own transports replace Gloo."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: kolo's own transports replace Gloo."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False (Horovod returns NCCL's version, 0 without it): CPU tensors only."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False."""
+    return False
+
+
+def cuda_built() -> bool:
+    """False: this build of kolo takes CPU tensors only."""
+    return False
+
+
+def rocm_built() -> bool:
+    """False."""
+    return False
+
+
+# ---- reduction ops ---------------------------------------------------------
+
+# Horovod's values (horovod/common/wire/message.fbs).
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_KOLO_OP = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "product"}
+
+
+def _op_from(op: Any, average: Optional[bool]) -> int:
+    """Horovod's rule for the deprecated ``average=`` argument."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of "
+                             "them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
+                      "v1.0", DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+def _kolo_op(op: Any) -> str:
+    if isinstance(op, int) and not isinstance(op, bool) and op == Adasum:
+        raise NotImplementedError(
+            "kolo does not implement Adasum (op=Adasum); use op=Average or op=Sum")
+    try:
+        return _KOLO_OP[op]
+    except (KeyError, TypeError):
+        raise ValueError(f"kolo: unknown reduction op {op!r}; use Average, Sum, Min, Max or "
+                         f"Product") from None
+
+
+# ---- handles ---------------------------------------------------------------
+
+
+class _Op:
+    """What one Horovod handle stands for: the kolo handles of its parts and
+    ``finish(results)``, which builds the output once they are all done."""
+
+    __slots__ = ("handles", "finish", "keep")
+
+    def __init__(self, handles: List[kolo.Handle], finish: Callable[[list], Any],
+                 keep: tuple = ()):
+        self.handles = handles
+        self.finish = finish
+        self.keep = keep  # tensors that must live until completion
+
+    def done(self) -> bool:
+        return all(h.poll() for h in self.handles)
+
+    def wait(self) -> Any:
+        return self.finish([h.wait() for h in self.handles])
+
+    def then(self, fn: Callable[[Any], Any]) -> "_Op":
+        finish = self.finish
+        return _Op(self.handles, lambda res: fn(finish(res)), self.keep)
+
+
+_handle_lock = threading.Lock()
+_handle_map: dict = {}
+_last_handle = 0
+
+
+def _register(op: _Op) -> int:
+    global _last_handle
+    with _handle_lock:
+        _last_handle += 1
+        _handle_map[_last_handle] = op
+        return _last_handle
+
+
+def _clear_handles() -> None:
+    with _handle_lock:
+        _handle_map.clear()
+
+
+def poll(handle: int) -> bool:
+    """True once the operation of ``handle`` (from an ``*_async`` call) has
+    completed, after which :func:`synchronize` returns without blocking.
+    Raises ValueError for a handle that is unknown or already synchronized."""
+    with _handle_lock:
+        op = _handle_map.get(handle)
+    if op is None:
+        raise ValueError(f"kolo: handle {handle!r} was not created or has been synchronized")
+    return op.done()
+
+
+def synchronize(handle: Any) -> Any:
+    """Waits for the operation of ``handle`` and returns its output (a
+    tensor; a tuple for grouped ops; ``(output, received_splits)`` for
+    alltoall), releasing the handle. Raises the operation's kolo error.
+    Returns None for an unknown handle, as Horovod does; a callable (from
+    :func:`sparse_allreduce_async`) is called."""
+    with _handle_lock:
+        op = _handle_map.pop(handle, None) if isinstance(handle, int) else None
+    if op is None:
+        return handle() if callable(handle) else None
+    return op.wait()
+
+
+# ---- argument checks -------------------------------------------------------
+
+
+def _label(kind: str, name: Optional[str], index: Optional[int] = None) -> str:
+    s = f"{kind} tensor" if index is None else f"{kind} tensor {index}"
+    return f"{s} {name!r}" if name else s
+
+
+def _check(tensor: Any, what: str, reduce: Optional[str] = None) -> kolo.Buffer:
+    """kolo's checks (CPU, dense, supported dtype, contiguous) on a torch
+    tensor; the message names ``what``."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"kolo: {what} must be a torch.Tensor, not {type(tensor).__name__}")
+    return kolo.buffer(tensor, what, reduce=reduce)
+
+
+def _check_rows(tensor: torch.Tensor, what: str, kind: str) -> None:
+    if tensor.dim() == 0:
+        raise ValueError(f"kolo: {what} is a scalar (0-d); {kind} works along dimension 0 "
+                         f"(pass tensor.reshape(1))")
+
+
+def _check_tensors(tensors: Any, kind: str, name: Optional[str],
+                   reduce: Optional[str] = None) -> List[torch.Tensor]:
+    if isinstance(tensors, torch.Tensor) or not isinstance(tensors, collections.abc.Iterable):
+        raise TypeError(f"kolo: {kind} takes a list of tensors, not {type(tensors).__name__}")
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"kolo: {kind} of an empty list of tensors")
+    for i, t in enumerate(tensors):
+        _check(t, _label(kind, name, i), reduce)
+    return tensors
+
+
+def _name(kind: str, name: Optional[str]) -> str:
+    """The operation's name (call it after every check has passed: an
+    unnamed op takes the next number of its kind)."""
+    return kolo.op_name(kind, name or None).decode()
+
+
+def _root(root_rank: Any) -> int:
+    try:
+        root = operator.index(root_rank)
+    except TypeError:
+        raise TypeError(f"kolo: root_rank must be an int, not {type(root_rank).__name__}") \
+            from None
+    n = kolo.size()
+    if not 0 <= root < n:
+        raise ValueError(f"kolo: root_rank {root} is not a rank of this job (size {n})")
+    return root
+
+
+def _contiguous_like(tensor: torch.Tensor, shape: Optional[Sequence[int]] = None) -> torch.Tensor:
+    if shape is None:
+        return torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return torch.empty(tuple(shape), dtype=tensor.dtype)
+
+
+def _mismatch(what: str, shapes: List[tuple], note: str) -> kolo.MismatchError:
+    st = _lib.STATUS["EMISMATCH"]
+    per_rank = "; ".join(f"rank {r}: {list(s)}" for r, s in enumerate(shapes))
+    return kolo.MismatchError(st, kolo.status_name(st),
+                              f"{what}: mismatched shapes: {per_rank} ({note})")
+
+
+# ---- allreduce -------------------------------------------------------------
+
+
+def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str], op: int,
+                     prescale_factor: float, postscale_factor: float, process_set: Any) -> int:
+    _check_process_set(process_set, "allreduce")
+    kop = _kolo_op(op)
+    _check(tensor, _label("allreduce", name), reduce=kop)
+    if output is None:
+        output = _contiguous_like(tensor)
+    h = kolo.allreduce_async(tensor, None if output is tensor else output, name=name or None,
+                             op=kop, prescale=prescale_factor, postscale=postscale_factor)
+    return _register(_Op([h], lambda res: output, (tensor, output)))
+
+
+def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None,
+                    name: Optional[str] = None, op: Optional[int] = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Starts reducing ``tensor`` over every rank into a new tensor (the
+    input is not modified); returns a handle whose :func:`synchronize`
+    gives the result. Every rank calls it with the same name, shape, dtype,
+    op and factors. ``op`` is Average (the default), Sum, Min, Max or
+    Product; the result is ``postscale * op(prescale * tensor_r)``.
+    ``average`` is Horovod's deprecated spelling of op."""
+    return _allreduce_async(tensor, None, name, _op_from(op, average), prescale_factor,
+                            postscale_factor, process_set)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None,
+                     name: Optional[str] = None, op: Optional[int] = None,
+                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """As :func:`allreduce_async`, in place: ``tensor`` receives the result
+    and must not be touched until the handle is synchronized."""
+    return _allreduce_async(tensor, tensor, name, _op_from(op, average), prescale_factor,
+                            postscale_factor, process_set)
+
+
+def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+               op: Optional[int] = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Reduces ``tensor`` in place over every rank and returns it (blocking;
+    not differentiable)."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+class _Allreduce(torch.autograd.Function):
+    """allreduce; the gradient is the allreduce of the output's gradient with
+    the same op and factors (Horovod's rule)."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.average, ctx.op = average, op
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        ctx.process_set = process_set
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                           postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output.contiguous(), average=ctx.average, op=ctx.op,
+                         prescale_factor=ctx.prescale_factor,
+                         postscale_factor=ctx.postscale_factor, process_set=ctx.process_set)
+        return grad, None, None, None, None, None, None
+
+
+def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+              compression: Any = Compression.none, op: Optional[int] = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Reduces ``tensor`` over every rank and returns the result in a new
+    tensor of the same shape and dtype (blocking). Every rank calls it with
+    the same name, shape, dtype, op and factors. Differentiable: the gradient
+    is the allreduce of the result's gradient with the same op. With
+    ``compression`` the tensor travels compressed (Compression.fp16/bf16)."""
+    compressed, cctx = compression.compress(tensor)
+    out = _Allreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor,
+                           process_set)
+    return compression.decompress(out, cctx)
+
+
+def _grouped_allreduce_async(tensors: Any, in_place: bool, name: Optional[str], op: int,
+                             prescale_factor: float, postscale_factor: float,
+                             process_set: Any) -> int:
+    _check_process_set(process_set, "grouped_allreduce")
+    kop = _kolo_op(op)
+    tensors = _check_tensors(tensors, "grouped_allreduce", name, reduce=kop)
+    outputs = tensors if in_place else [_contiguous_like(t) for t in tensors]
+    h = kolo.grouped_allreduce_async(tensors, None if in_place else outputs,
+                                     name=name or None, op=kop, prescale=prescale_factor,
+                                     postscale=postscale_factor)
+    result = tuple(outputs)
+    return _register(_Op([h], lambda res: result, (tensors, outputs)))
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                            name: Optional[str] = None, op: Optional[int] = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Starts reducing a list of tensors of one dtype as one group
+    (negotiated and fused together; members are named ``<name>.<i>``);
+    :func:`synchronize` gives a tuple of new tensors."""
+    return _grouped_allreduce_async(tensors, False, name, _op_from(op, average), prescale_factor,
+                                    postscale_factor, process_set)
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                             name: Optional[str] = None, op: Optional[int] = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> int:
+    """As :func:`grouped_allreduce_async`, in place."""
+    return _grouped_allreduce_async(tensors, True, name, _op_from(op, average),
+                                    prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                       name: Optional[str] = None, op: Optional[int] = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> tuple:
+    """Reduces the tensors in place as one group; returns them (blocking)."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
+                *tensors):
+        ctx.average, ctx.op = average, op
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op,
+                                                         prescale_factor, postscale_factor,
+                                                         process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = grouped_allreduce([g.contiguous() for g in grad_output], average=ctx.average,
+                                  op=ctx.op, prescale_factor=ctx.prescale_factor,
+                                  postscale_factor=ctx.postscale_factor,
+                                  process_set=ctx.process_set)
+        return (None,) * 6 + tuple(grads)
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                      name: Optional[str] = None, compression: Any = Compression.none,
+                      op: Optional[int] = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
+    """Reduces a list of tensors as one group and returns a list of new
+    tensors (blocking, differentiable)."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("kolo: grouped_allreduce of an empty list of tensors")
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor,
+                                   process_set, *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: int,
+                           process_set: ProcessSet = global_process_set) -> Callable[[], Any]:
+    """Reduces a sparse COO tensor as Horovod does: allgathers the indices
+    and values of every rank (so duplicate indices add up). Returns a
+    callable that waits and gives the sparse result; Average divides the
+    values by size(). Only Sum and Average are defined."""
+    _check_process_set(process_set, "sparse_allreduce_async")
+    kop = _kolo_op(op)
+    if kop not in ("sum", "average"):
+        raise ValueError(f"kolo: sparse_allreduce_async sums (op Sum or Average), not {kop}")
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise TypeError("kolo: sparse_allreduce_async takes a sparse COO torch tensor")
+    indices = tensor._indices().transpose(0, 1).contiguous()
+    values = tensor._values().contiguous()
+    base = _name("sparse_allreduce", name)
+    h_values = allgather_async(values, name=f"{base}.values", process_set=process_set)
+    h_indices = allgather_async(indices, name=f"{base}.indices", process_set=process_set)
+    n, shape = kolo.size(), tensor.size()
+
+    def handle() -> torch.Tensor:
+        vals = synchronize(h_values)
+        idx = synchronize(h_indices)
+        if kop == "average":
+            vals = vals / n
+        return torch.sparse_coo_tensor(idx.transpose(0, 1), vals, shape)
+
+    return handle
+
+
+# ---- allgather -------------------------------------------------------------
+
+
+def _start_allgather(tensor: torch.Tensor, base: str) -> _Op:
+    """Enqueues the allgather of ``tensor`` (checked) and of its shape; the
+    op's result is ``(output, rows of each rank)``. The shapes let every
+    rank check that only the first dimension differs."""
+    shape = torch.tensor([tensor.dim(), *tensor.shape], dtype=torch.int64)
+    h_shape = kolo.allgather_async(shape, lambda k: torch.empty(k, dtype=torch.int64),
+                                   name=f"{base}#shape")
+    h_data = kolo.allgather_async(tensor, lambda k: torch.empty(k, dtype=tensor.dtype), name=base)
+
+    def finish(res):
+        (shapes_flat, shape_counts), (flat, _counts) = res
+        shapes, at = [], 0
+        for c in shape_counts:
+            shapes.append(tuple(int(x) for x in shapes_flat[at + 1:at + c]))
+            at += c
+        if len({s[1:] for s in shapes}) != 1 or len({len(s) for s in shapes}) != 1:
+            raise _mismatch(f"allgather {base}", shapes,
+                            "only the first dimension may differ between ranks")
+        rows = [s[0] for s in shapes]
+        return flat.view(sum(rows), *shapes[0][1:]), rows
+
+    return _Op([h_shape, h_data], finish, (tensor, shape))
+
+
+def _allgather_op(tensor: torch.Tensor, name: Optional[str], process_set: Any,
+                  kind: str = "allgather") -> _Op:
+    _check_process_set(process_set, kind)
+    what = _label(kind, name)
+    _check(tensor, what)
+    _check_rows(tensor, what, kind)
+    return _start_allgather(tensor, _name(kind, name))
+
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Starts concatenating every rank's ``tensor`` along dimension 0, in
+    rank order; the first dimension may differ between ranks, the others
+    must match. :func:`synchronize` gives the new tensor."""
+    return _register(_allgather_op(tensor, name, process_set).then(lambda r: r[0]))
+
+
+class _Allgather(torch.autograd.Function):
+    """allgather; the gradient is the average over ranks of the output's
+    gradient, narrowed to this rank's rows (Horovod's rule)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        out, rows = _allgather_op(tensor, name, process_set).wait()
+        r = kolo.rank()
+        ctx.offset, ctx.rows, ctx.process_set = sum(rows[:r]), rows[r], process_set
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        return grad.narrow(0, ctx.offset, ctx.rows), None, None
+
+
+def allgather(tensor: torch.Tensor, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenates every rank's ``tensor`` along dimension 0 in rank order
+    and returns the new tensor (blocking, differentiable). Every rank calls
+    it with the same name and dtype; shapes may differ in dimension 0 only."""
+    return _Allgather.apply(tensor, name, process_set)
+
+
+def _grouped_allgather_op(tensors: Any, name: Optional[str], process_set: Any) -> _Op:
+    _check_process_set(process_set, "grouped_allgather")
+    tensors = _check_tensors(tensors, "grouped_allgather", name)
+    for i, t in enumerate(tensors):
+        _check_rows(t, _label("grouped_allgather", name, i), "grouped_allgather")
+    base = _name("grouped_allgather", name)
+    parts = [_start_allgather(t, f"{base}.{i}") for i, t in enumerate(tensors)]
+    bounds, at = [], 0
+    for p in parts:
+        bounds.append((at, at + len(p.handles)))
+        at += len(p.handles)
+
+    def finish(res):
+        return [p.finish(res[a:b]) for p, (a, b) in zip(parts, bounds)]
+
+    return _Op([h for p in parts for h in p.handles], finish, tuple(tensors))
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Starts allgathering each tensor of a list (members named
+    ``<name>.<i>``); :func:`synchronize` gives a tuple of new tensors."""
+    return _register(_grouped_allgather_op(tensors, name, process_set)
+                     .then(lambda rs: tuple(r[0] for r in rs)))
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        results = _grouped_allgather_op(list(tensors), name, process_set).wait()
+        r = kolo.rank()
+        ctx.spans = [(sum(rows[:r]), rows[r]) for _, rows in results]
+        ctx.process_set = process_set
+        return tuple(out for out, _ in results)
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = grouped_allreduce([g.contiguous() for g in grad_output], op=Average,
+                                  process_set=ctx.process_set)
+        return (None, None) + tuple(g.narrow(0, off, n) for g, (off, n) in zip(grads, ctx.spans))
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
+    """Allgathers each tensor of a list; returns a list of new tensors
+    (blocking, differentiable)."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("kolo: grouped_allgather of an empty list of tensors")
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+
+
+# ---- broadcast -------------------------------------------------------------
+
+
+def _broadcast_async(tensor: torch.Tensor, output: Optional[torch.Tensor], root_rank: Any,
+                     name: Optional[str], process_set: Any) -> int:
+    _check_process_set(process_set, "broadcast")
+    _check(tensor, _label("broadcast", name))
+    root = _root(root_rank)
+    if output is None:
+        if kolo.rank() == root:
+            with torch.no_grad():
+                output = tensor.clone(memory_format=torch.contiguous_format)
+        else:
+            output = _contiguous_like(tensor)
+    h = kolo.broadcast_async(output, root, name=name or None)
+    return _register(_Op([h], lambda res: output, (tensor, output)))
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Starts copying rank ``root_rank``'s ``tensor`` to every rank, into a
+    new tensor (the input is not modified). Every rank calls it with the
+    same name, shape, dtype and root. :func:`synchronize` gives the result."""
+    return _broadcast_async(tensor, None, root_rank, name, process_set)
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """As :func:`broadcast_async`, in place: ``tensor`` receives the root's
+    value."""
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Copies the root's ``tensor`` into ``tensor`` on every rank and returns
+    it (blocking; not differentiable)."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    """broadcast; the gradient is the average over ranks of the output's
+    gradient on the root and zero elsewhere (Horovod's rule)."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        if kolo.rank() != ctx.root_rank:
+            grad = torch.zeros_like(grad)
+        return grad, None, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Returns rank ``root_rank``'s ``tensor`` on every rank, in a new tensor
+    (blocking, differentiable)."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
+
+
+# ---- alltoall --------------------------------------------------------------
+
+
+def _split_rows(splits: Any, n: int, rows: int) -> List[int]:
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dim() > 1:
+            raise TypeError(f"kolo: alltoall splits must be a 1-d integer tensor or a list of "
+                            f"ints, not a {splits.dtype} tensor of shape {tuple(splits.shape)}")
+        splits = splits.tolist()
+    try:
+        out = [operator.index(x) for x in splits]
+    except TypeError:
+        raise TypeError(f"kolo: alltoall splits must be integers, not {splits!r}") from None
+    if len(out) != n or any(x < 0 for x in out):
+        raise ValueError(f"kolo: alltoall splits {out} must hold {n} non-negative row counts "
+                         f"(one per rank)")
+    if sum(out) > rows:
+        raise ValueError(f"kolo: alltoall splits {out} add up to {sum(out)} rows; the tensor "
+                         f"has {rows}")
+    return out
+
+
+def _alltoall_op(tensor: torch.Tensor, splits: Any, name: Optional[str],
+                 process_set: Any) -> _Op:
+    """The op's result is ``(output, rows received from each rank)``."""
+    _check_process_set(process_set, "alltoall")
+    what = _label("alltoall", name)
+    _check(tensor, what)
+    _check_rows(tensor, what, "alltoall")
+    n = kolo.size()
+    d0, trailing = tensor.shape[0], tuple(tensor.shape[1:])
+    if splits is None:
+        if d0 % n:
+            raise ValueError(f"kolo: {what} has {d0} rows, which do not split equally over "
+                             f"{n} ranks; pass splits")
+        rows = [d0 // n] * n
+    else:
+        rows = _split_rows(splits, n, d0)
+    base = _name("alltoall", name)
+    row = math.prod(trailing)
+    send = tensor if sum(rows) == d0 else tensor.narrow(0, 0, sum(rows))
+    # To each rank: the rows it gets and this rank's trailing shape (checked
+    # to match on every rank).
+    meta = torch.tensor([x for j in range(n) for x in (rows[j], len(trailing), *trailing)],
+                        dtype=torch.int64)
+    h_meta = kolo.alltoall_async(meta, lambda k: torch.empty(k, dtype=torch.int64),
+                                 name=f"{base}#splits")
+    h_data = kolo.alltoall_async(send, lambda k: torch.empty(k, dtype=tensor.dtype),
+                                 splits=[x * row for x in rows], name=base)
+
+    def finish(res):
+        (meta_in, meta_counts), (flat, _counts) = res
+        recv, shapes, at = [], [], 0
+        for c in meta_counts:
+            part = [int(x) for x in meta_in[at:at + c]]
+            recv.append(part[0])
+            shapes.append(tuple(part[2:]))
+            at += c
+        if len(set(shapes)) != 1:
+            raise _mismatch(f"alltoall {base}", [(None,) + s for s in shapes],
+                            "only the first dimension may differ between ranks")
+        return flat.view(sum(recv), *trailing), recv
+
+    return _Op([h_meta, h_data], finish, (tensor, send, meta))
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Starts an alltoall: rank r sends ``splits[j]`` rows of ``tensor``
+    (dimension 0, in order) to rank j (None: equal parts) and receives the
+    rows every rank sends it, in rank order. :func:`synchronize` gives
+    ``(output, received_splits)``: received_splits[i] is the rows from rank i
+    (int32, or the dtype of a ``splits`` tensor)."""
+    sdtype = splits.dtype if isinstance(splits, torch.Tensor) else torch.int32
+
+    def result(r):
+        out, recv = r
+        return out, torch.tensor(recv, dtype=sdtype)
+
+    return _register(_alltoall_op(tensor, splits, name, process_set).then(result))
+
+
+class _Alltoall(torch.autograd.Function):
+    """alltoall; the gradient goes back the way the rows came (an alltoall
+    with the received splits); rows that were not sent get zero."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received, ctx.rows, ctx.process_set = received, tensor.shape[0], process_set
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, *unused):
+        grad, _ = alltoall(grad_output.contiguous(), splits=ctx.received,
+                           process_set=ctx.process_set)
+        if grad.shape[0] < ctx.rows:
+            pad = grad.new_zeros((ctx.rows - grad.shape[0],) + tuple(grad.shape[1:]))
+            grad = torch.cat([grad, pad])
+        return grad, None, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
+             process_set: ProcessSet = global_process_set) -> Any:
+    """Sends ``splits[j]`` rows of ``tensor`` to rank j and returns the rows
+    received from every rank, concatenated in rank order (blocking,
+    differentiable). With ``splits`` the result is ``(output,
+    received_splits)``, else ``output``; splits default to equal parts."""
+    return _Alltoall.apply(tensor, splits, name, process_set)
+
+
+# ---- reducescatter ---------------------------------------------------------
+
+
+def _reducescatter_op(tensor: torch.Tensor, name: Optional[str], op: int, process_set: Any,
+                      prescale_factor: float, postscale_factor: float,
+                      kind: str = "reducescatter", base: Optional[str] = None) -> _Op:
+    """Checks and enqueues; ``base`` set means already checked and named."""
+    kop = _kolo_op(op)
+    if base is None:
+        _check_process_set(process_set, kind)
+        what = _label(kind, name)
+        _check(tensor, what, reduce=kop)
+        _check_rows(tensor, what, kind)
+        base = _name(kind, name)
+    n, r = kolo.size(), kolo.rank()
+    d0, trailing = tensor.shape[0], tuple(tensor.shape[1:])
+    q, extra = divmod(d0, n)
+    mine = q + (1 if r < extra else 0)
+    if extra == 0:
+        # kolo's block of count/size elements is this rank's q rows.
+        send, out = tensor, torch.empty((q,) + trailing, dtype=tensor.dtype)
+    else:
+        # Horovod gives the first d0 % size ranks one row more: pad every
+        # rank's block to q + 1 rows so that kolo's equal blocks line up.
+        send = tensor.new_zeros((n * (q + 1),) + trailing)
+        at = 0
+        with torch.no_grad():
+            for j in range(n):
+                k = q + (1 if j < extra else 0)
+                send[j * (q + 1):j * (q + 1) + k] = tensor[at:at + k]
+                at += k
+        out = torch.empty((q + 1,) + trailing, dtype=tensor.dtype)
+    h = kolo.reducescatter_async(send, out, name=base, op=kop, prescale=prescale_factor,
+                                 postscale=postscale_factor)
+    return _Op([h], lambda res: out if out.shape[0] == mine else out.narrow(0, 0, mine),
+               (tensor, send, out))
+
+
+def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: int = Average,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+    """Starts reducing ``tensor`` over every rank and leaving each rank its
+    block of dimension 0: with d rows and n ranks, rank r gets d // n rows,
+    one more when r < d % n, in rank order. Every rank calls it with the
+    same name, shape, dtype, op and factors. ``op`` is Average (the
+    default), Sum, Min, Max or Product. :func:`synchronize` gives the
+    block."""
+    return _register(_reducescatter_op(tensor, name, op, process_set, prescale_factor,
+                                       postscale_factor))
+
+
+class _Reducescatter(torch.autograd.Function):
+    """reducescatter; the gradient is the allgather of the output's gradient,
+    times size() for Sum and times the factors (Horovod's rule)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.scale = prescale_factor * postscale_factor
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = grad_output.contiguous()
+        scale = ctx.scale * (kolo.size() if ctx.op == Sum else 1)
+        if scale != 1:
+            grad = grad * scale
+        return allgather(grad, process_set=ctx.process_set), None, None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
+                  compression: Any = Compression.none, op: int = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduces ``tensor`` over every rank and returns this rank's block of
+    dimension 0 (see :func:`reducescatter_async`); blocking, differentiable."""
+    compressed, cctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                               postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+def _grouped_reducescatter_op(tensors: Any, name: Optional[str], op: int, process_set: Any,
+                              prescale_factor: float, postscale_factor: float) -> _Op:
+    _check_process_set(process_set, "grouped_reducescatter")
+    kop = _kolo_op(op)
+    tensors = _check_tensors(tensors, "grouped_reducescatter", name, reduce=kop)
+    for i, t in enumerate(tensors):
+        _check_rows(t, _label("grouped_reducescatter", name, i), "grouped_reducescatter")
+    base = _name("grouped_reducescatter", name)
+    parts = [_reducescatter_op(t, None, op, process_set, prescale_factor, postscale_factor,
+                               base=f"{base}.{i}") for i, t in enumerate(tensors)]
+    return _Op([p.handles[0] for p in parts],
+               lambda res: tuple(p.finish([x]) for p, x in zip(parts, res)),
+               tuple(p.keep for p in parts))
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                                op: int = Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    """Starts a reducescatter of each tensor of a list (members named
+    ``<name>.<i>``); :func:`synchronize` gives a tuple of blocks."""
+    return _register(_grouped_reducescatter_op(tensors, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.scale = prescale_factor * postscale_factor
+        return tuple(synchronize(grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        scale = ctx.scale * (kolo.size() if ctx.op == Sum else 1)
+        grads = [g.contiguous() * scale if scale != 1 else g.contiguous() for g in grad_output]
+        return (None,) * 5 + tuple(grouped_allgather(grads, process_set=ctx.process_set))
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                          compression: Any = Compression.none, op: int = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[torch.Tensor]:
+    """Reducescatters each tensor of a list; returns a list of blocks
+    (blocking, differentiable)."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("kolo: grouped_reducescatter of an empty list of tensors")
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
+                                       *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]
+
+
+# ---- join and barrier ------------------------------------------------------
+
+
+def join(device: int = -1) -> int:
+    """This rank has run out of data: until every rank has joined, it takes
+    part in the other ranks' allreduces with zeros. Blocks until all ranks
+    have joined and returns the last rank to join. ``device`` is accepted
+    for Horovod's signature; kolo's zeros are host memory."""
+    return kolo.join()
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Returns once every rank has called it."""
+    _check_process_set(process_set, "barrier")
+    kolo.barrier()
+
+
+__all__ = [
+    # lifecycle
+    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
+    "local_rank", "cross_rank", "start_timeline", "stop_timeline",
+    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
+    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    # ops
+    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+    # collectives
+    "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_",
+    "grouped_allreduce_async_", "sparse_allreduce_async",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_async", "broadcast_", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async",
+    "join", "barrier", "poll", "synchronize",
+]
