@@ -432,7 +432,12 @@ def _contiguous_like(tensor: torch.Tensor, shape: Optional[Sequence[int]] = None
 
 def _mismatch(what: str, shapes: List[tuple], note: str) -> kolo.MismatchError:
     st = _lib.STATUS["EMISMATCH"]
-    per_rank = "; ".join(f"rank {r}: {list(s)}" for r, s in enumerate(shapes))
+    groups: dict = {}
+    for r, s in enumerate(shapes):
+        groups.setdefault(s, []).append(r)
+    per_rank = "; ".join(
+        f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {list(s)}"
+        for s, rs in groups.items())
     return kolo.MismatchError(st, kolo.status_name(st),
                               f"{what}: mismatched shapes: {per_rank} ({note})")
 
