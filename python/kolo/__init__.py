@@ -302,11 +302,14 @@ def finalize() -> None:
         c, _comm = _comm, None
         if c is None:
             return
-        _orphans_reap(force=True)
         lib = _lib_()
+        orphans = _orphans_take()
         if _failed:
             lib.kolo_abort(c.ptr)
         lib.kolo_finalize(c.ptr)
+        # Only now may the buffers of dropped handles go: until kolo_finalize
+        # has stopped the engine, it may still read or write them.
+        _orphans_release(orphans)
 
 
 shutdown = finalize
@@ -391,7 +394,22 @@ _orphans: list = []
 _orphans_lock = threading.Lock()
 
 
-def _orphans_reap(force: bool = False) -> None:
+def _orphans_take() -> list:
+    """Every orphan, removed from the list; the caller releases them with
+    :func:`_orphans_release` once the engine can no longer touch their
+    buffers (after kolo_finalize or kolo_reform)."""
+    with _orphans_lock:
+        taken, _orphans[:] = list(_orphans), []
+    return taken
+
+
+def _orphans_release(taken: list) -> None:
+    lib = _lib_()
+    for ptr, _refs in taken:
+        lib.kolo_handle_release(ptr)
+
+
+def _orphans_reap() -> None:
     if not _orphans:
         return
     lib = _lib_()
@@ -399,9 +417,6 @@ def _orphans_reap(force: bool = False) -> None:
         keep = []
         for ptr, refs in _orphans:
             done = ctypes.c_int(0)
-            if force:
-                lib.kolo_handle_release(ptr)
-                continue
             lib.kolo_poll(ptr, ctypes.byref(done))
             if done.value:
                 lib.kolo_handle_release(ptr)
@@ -515,9 +530,9 @@ def allreduce_async(send: Any, recv: Any = None, name: Optional[str] = None, op:
     s = buffer(send, "send", reduce=OP_NAMES[code])
     r = s if recv is None or recv is send else buffer(recv, "recv")
     _same_kind(s, r, "allreduce")
-    nm = op_name("allreduce", name)
-    args = [nm, s.ptr, r.ptr, s.count, s.dtype, code, _scale(prescale, "prescale"),
-            _scale(postscale, "postscale")]
+    pre, post = _scale(prescale, "prescale"), _scale(postscale, "postscale")
+    nm = op_name("allreduce", name)  # last: a failed check must not use up a name
+    args = [nm, s.ptr, r.ptr, s.count, s.dtype, code, pre, post]
     result = recv if recv is not None else send
     return _enqueue("kolo_allreduce_async", f"allreduce {nm.decode()}", args, (s, r),
                     lambda: result)
@@ -539,6 +554,7 @@ def grouped_allreduce_async(sends: Sequence[Any], recvs: Optional[Sequence[Any]]
         _same_kind(a, b, "grouped allreduce")
     if len({b.dtype for b in ss}) != 1:
         raise TypeError("kolo: grouped allreduce: every tensor must have the same dtype")
+    pre, post = _scale(prescale, "prescale"), _scale(postscale, "postscale")
     base = op_name("grouped_allreduce", name).decode()
     n = len(ss)
     names = [f"{base}.{i}".encode() for i in range(n)]
@@ -551,8 +567,7 @@ def grouped_allreduce_async(sends: Sequence[Any], recvs: Optional[Sequence[Any]]
     c = _get()
     h = _lib.c_handle_p()
     st = _lib_().kolo_grouped_allreduce_async(
-        c.ptr, n, c_names, c_send, c_recv, c_counts, ss[0].dtype, code,
-        _scale(prescale, "prescale"), _scale(postscale, "postscale"), None, None,
+        c.ptr, n, c_names, c_send, c_recv, c_counts, ss[0].dtype, code, pre, post, None, None,
         ctypes.byref(h))
     c.check(st, f"grouped allreduce {base}")
     return Handle(h.value, (ss, rs, c_names, c_send, c_recv, c_counts), lambda: result,
@@ -637,10 +652,11 @@ def reducescatter_async(send: Any, recv: Any, name: Optional[str] = None, op: An
     if r.count != want or r.dtype_name != s.dtype_name:
         raise ValueError(f"kolo: reducescatter output needs {want} {s.dtype_name} elements, "
                          f"has {r.count} {r.dtype_name}")
+    pre, post = _scale(prescale, "prescale"), _scale(postscale, "postscale")
     nm = op_name("reducescatter", name)
     return _enqueue("kolo_reducescatter_async", f"reducescatter {nm.decode()}",
-                    [nm, s.ptr, r.ptr, s.count, s.dtype, code, _scale(prescale, "prescale"),
-                     _scale(postscale, "postscale")], (s, r), lambda: recv)
+                    [nm, s.ptr, r.ptr, s.count, s.dtype, code, pre, post], (s, r),
+                    lambda: recv)
 
 
 def barrier_async() -> Handle:
@@ -687,8 +703,9 @@ def reform() -> None:
     """Takes the comm to the next membership round (elastic jobs). Raises
     :class:`ShutdownError` when this worker left the job meanwhile."""
     c = _get()
-    _orphans_reap(force=True)
+    orphans = _orphans_take()
     st = _lib_().kolo_reform(c.ptr)
+    _orphans_release(orphans)  # after the reform has stopped the old round's engine
     reset_names()
     c.check(st, "reform")
 
