@@ -177,6 +177,33 @@ def optimizer_plain_sgd():
 run("broadcast_optimizer_state/plain_sgd", optimizer_plain_sgd)
 
 
+def optimizer_distributed():
+    # A DistributedOptimizer, fresh on every rank but the root: the
+    # zero-gradient step that creates the state must not allreduce (the root
+    # makes no such step), so this would hang if it did.
+    root = 0
+    m = model(950)
+    ref_m = model(950)
+    ref_opt = torch.optim.Adam(ref_m.parameters(), lr=0.02)
+    train(ref_m, ref_opt, 951, 2)
+    inner = torch.optim.Adam(m.parameters(), lr=0.02 if R == root else 0.3)
+    dopt = hvd.DistributedOptimizer(inner, named_parameters=m.named_parameters())
+    if R == root:
+        dopt.load_state_dict(ref_opt.state_dict())
+    hvd.broadcast_optimizer_state(dopt, root_rank=root)
+    got, want = dopt.state_dict(), ref_opt.state_dict()
+    if len(got["state"]) != len(want["state"]):
+        return f"{len(got['state'])} param states, expected {len(want['state'])}"
+    for (ga, gs), (wa, ws) in zip(sorted(got["state"].items()), sorted(want["state"].items())):
+        d = same_tensors(gs, ws, f"state[{ga}]")
+        if d:
+            return d
+    return None if dopt.param_groups[0]["lr"] == 0.02 else "lr not broadcast"
+
+
+run("broadcast_optimizer_state/distributed_optimizer", optimizer_distributed)
+
+
 def optimizer_lbfgs():
     m = model(1000)
     try:
