@@ -19,7 +19,8 @@ Every function keeps Horovod 0.28's name, arguments and semantics:
   ``TypeError``; both raised before anything is enqueued.
 
 What kolo lacks is refused with ``NotImplementedError``: ``Adasum``, process
-sets other than the global one. Failures of the job raise ``kolo`` errors:
+sets other than the global one. What it adds: bfloat16, ``Compression.bf16``,
+Min/Max/Product for reducescatter. Failures of the job raise ``kolo`` errors:
 :class:`kolo.MembershipError` (Horovod's ``HorovodInternalError``),
 :class:`kolo.MismatchError`, :class:`kolo.ShutdownError`.
 """
@@ -27,9 +28,9 @@ sets other than the global one. Failures of the job raise ``kolo`` errors:
 from __future__ import annotations
 
 import collections.abc
-import logging
 import math
 import operator
+import os
 import threading
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Union
@@ -40,8 +41,6 @@ import kolo
 from kolo import _lib
 
 from .compression import Compression
-
-log = logging.getLogger("kolo.torch")
 
 # ---- lifecycle -------------------------------------------------------------
 
@@ -210,8 +209,6 @@ def stop_timeline() -> None:
 
 
 def _env_true(*names: str) -> bool:
-    import os
-
     return any(os.environ.get(n, "").lower() in ("1", "true", "yes", "on") for n in names)
 
 
