@@ -247,8 +247,10 @@ def main(argv=None) -> int:
         say(f"REPLICAS DIFFER: ranks {differ} hold other parameters than rank 0 (largest "
             f"difference {gap:.3g})")
         status = 2
-    else:
+    elif size > 1:
         say(f"parameters bitwise identical on all {size} ranks (sha256 {fingerprint(flat)})")
+    else:
+        say(f"one rank: nothing to compare (parameters sha256 {fingerprint(flat)})")
     if size > 1:
         print(f"train_digits: rank {rank}: parameters sha256 {fingerprint(flat)}", flush=True)
     if args.save and rank == 0:

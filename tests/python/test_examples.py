@@ -85,8 +85,8 @@ def check_run(p, size: int, data: str, saved) -> float:
     assert want in out, out[:2000]
     acc = final_accuracy(out)
     assert acc >= 0.9 and f"reached test accuracy {acc:.4f} >= target 0.90" in out
-    assert f"parameters bitwise identical on all {size} ranks" in out
     if size > 1:
+        assert f"parameters bitwise identical on all {size} ranks" in out
         hashes = rank_hashes(out)
         assert sorted(hashes) == list(range(size)), out[-3000:]
         assert len(set(hashes.values())) == 1, f"ranks report different parameters: {hashes}"
@@ -125,7 +125,7 @@ def test_single_process_without_kolorun(tmp_path):
     saved = tmp_path / "model.pt"
     p = run(None, "--data", "synthetic", "--save", str(saved))
     check_run(p, 1, "synthetic", saved)
-    assert "1 rank;" in p.stdout
+    assert "1 rank;" in p.stdout and "one rank: nothing to compare" in p.stdout
 
 
 @requires_torch
