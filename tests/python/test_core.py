@@ -27,7 +27,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import LIBRARY, PYTHON, REPO, WORKERS, results, run_worker, worker_env
+from conftest import (LIBRARY, PYTHON, REPO, WORKERS, requires_torch, results, run_worker,
+                      worker_env)
 
 sys.path.insert(0, str(WORKERS))
 import core_data as D  # noqa: E402
@@ -362,33 +363,54 @@ PROBE = ("import kolo, numpy; kolo.init(); a = numpy.arange(4.0); "
          "print(kolo.library_path()); print(kolo.__file__); print(a.tolist())")
 
 
-@pytest.mark.skipif(shutil.which("cmake") is None, reason="no cmake")
-def test_install_places_package_and_library(tmp_path):
-    """`cmake --install <build> --prefix P` puts the package into
-    P/lib/python3.X/dist-packages/kolo with libkolo in kolo/lib/, and
-    Debian's python3 imports it from there (any cwd, no KOLO_LIBRARY)."""
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> pathlib.Path:
+    """`cmake --install <build> --prefix P` into a temporary P; returns P."""
+    if shutil.which("cmake") is None:
+        pytest.skip("no cmake")
     build = _build_dir()
     if build is None:
         pytest.skip(f"no CMake build tree above {LIBRARY}")
-    prefix = tmp_path / "prefix"
+    prefix = tmp_path_factory.mktemp("install") / "prefix"
     p = subprocess.run(["cmake", "--install", str(build), "--prefix", str(prefix)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    site = _site(prefix)
+    return prefix
+
+
+def test_install_places_package_and_library(installed, tmp_path):
+    """`cmake --install <build> --prefix P` puts the package into
+    P/lib/python3.X/dist-packages/kolo with libkolo in kolo/lib/, and
+    Debian's python3 imports it from there (any cwd, no KOLO_LIBRARY)."""
+    site = _site(installed)
     pkg = site / "kolo"
     lib = pkg / "lib" / "libkolo.so"
     assert (pkg / "__init__.py").exists() and (pkg / "_lib.py").exists() and lib.exists()
-    assert (pkg / "torch" / "__init__.py").exists() and (prefix / "bin" / "kolorun").exists()
+    assert (pkg / "torch" / "__init__.py").exists() and (installed / "bin" / "kolorun").exists()
     assert not list(pkg.rglob("__pycache__")), "byte code was installed"
-    cwd = tmp_path / "elsewhere"
-    cwd.mkdir()
     p = subprocess.run([PYTHON, "-c", PROBE], capture_output=True, text=True, timeout=60,
-                       cwd=str(cwd), env=_clean_env(PYTHONPATH=str(site)))
+                       cwd=str(tmp_path), env=_clean_env(PYTHONPATH=str(site)))
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.splitlines()
     assert lines[0] == str(lib), f"loaded {lines[0]}, not the installed {lib}"
     assert lines[1] == str(pkg / "__init__.py")
     assert lines[2] == "[0.0, 2.0, 4.0, 6.0]"
+
+
+@requires_torch
+def test_installed_kolo_torch_imports(installed, tmp_path):
+    """The installed kolo.torch, with the installed library, as a job of one."""
+    site = _site(installed)
+    probe = ("import kolo, kolo.torch as hvd, torch; hvd.init(); "
+             "t = hvd.allreduce(torch.ones(3), name='x'); "
+             "print(kolo.library_path()); print(hvd.__file__); print(hvd.size(), t.tolist())")
+    p = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=120,
+                       cwd=str(tmp_path), env=_clean_env(PYTHONPATH=str(site)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert lines[0] == str(site / "kolo" / "lib" / "libkolo.so")
+    assert lines[1] == str(site / "kolo" / "torch" / "__init__.py")
+    assert lines[2] == "1 [1.0, 1.0, 1.0]"
 
 
 @pytest.mark.skipif(not (REPO / "build" / "lib" / "libkolo.so").exists(),
