@@ -34,7 +34,7 @@ import time
 
 # Run from a source checkout without installing kolo: use <repo>/python.
 try:
-    import kolo  # noqa: F401
+    import kolo
 except ImportError:
     _src = pathlib.Path(__file__).resolve().parents[2] / "python"
     if (_src / "kolo" / "__init__.py").exists():
@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-import kolo
-import kolo.torch as hvd
+import kolo  # noqa: E402,F811 (found now, from the checkout if need be)
+import kolo.torch as hvd  # noqa: E402
 
 DIGITS = pathlib.Path("/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz")
 SPLIT_SEED = 20240601  # the fixed train/test split

@@ -30,7 +30,6 @@ Type mapping (what _lib.py must declare for each C type):
 from __future__ import annotations
 
 import ctypes
-import os
 import pathlib
 import re
 import shutil
