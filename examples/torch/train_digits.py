@@ -27,15 +27,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import importlib.util
 import math
 import pathlib
 import sys
 import time
 
 # Run from a source checkout without installing kolo: use <repo>/python.
-try:
-    import kolo
-except ImportError:
+if importlib.util.find_spec("kolo") is None:
     _src = pathlib.Path(__file__).resolve().parents[2] / "python"
     if (_src / "kolo" / "__init__.py").exists():
         sys.path.insert(0, str(_src))
@@ -46,7 +45,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-import kolo  # noqa: E402,F811 (found now, from the checkout if need be)
+import kolo  # noqa: E402 (found now, from the checkout if need be)
 import kolo.torch as hvd  # noqa: E402
 
 DIGITS = pathlib.Path("/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz")
