@@ -274,9 +274,54 @@ class Job:
         return [e for e in self.all if e["ev"] == ev and (pid is None or e["pid"] == pid)]
 
 
-def _check_training(jobs, size):
-    """The finished workers: `size` of them, identical parameters, every
-    index once per epoch, converged to y = x . (1..6)/6 + 0.5."""
+def reference_run(init, size0, change_at, size1):
+    """Single-process replay of the job's training without kolo: the job
+    has size0 workers until the commit of step ``change_at``, size1 after
+    it (the survivors resume from that commit). Each step's gradient is the
+    average over the ranks of their batch's mean-squared error, the ranks'
+    batches partitioned as Horovod's ElasticSampler does (the epoch's
+    shuffle without what it processed, padded by repeating its head, rank r
+    taking every size-th index from r). Returns the final parameters."""
+    import math
+    import random
+    import torch
+    from elastic_train import BATCH, SAMPLES, SEED, Data, LR, MOMENTUM
+    data = Data()
+    model = torch.nn.Linear(data.x.shape[1], 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor(init["weight"]).reshape(model.weight.shape))
+        model.bias.copy_(torch.tensor(init["bias"]))
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    step = 0
+    for epoch in range(EPOCHS):
+        order = list(range(SAMPLES))
+        random.Random(SEED + epoch).shuffle(order)
+        done = set()
+        while len(done) < SAMPLES:
+            n = size0 if step < change_at else size1
+            rem = [i for i in order if i not in done]
+            per = math.ceil(len(rem) / n)
+            padded = (rem * n)[:per * n]
+            parts = [padded[r::n] for r in range(n)]
+            for b in range(math.ceil(per / BATCH)):
+                opt.zero_grad()
+                loss = sum(torch.nn.functional.mse_loss(model(data.x[idx]), data.y[idx])
+                           for idx in (p[b * BATCH:(b + 1) * BATCH] for p in parts)) / n
+                loss.backward()
+                opt.step()
+                done.update(padded[b * BATCH * n:min((b + 1) * BATCH, per) * n])
+                step += 1
+                if step == change_at:
+                    break       # the job re-forms: a new partition
+    return {k: v.double().flatten().tolist() for k, v in model.state_dict().items()}
+
+
+def _check_training(jobs, size, schedule):
+    """The finished workers: `size` of them, identical parameters, equal to
+    the single-process replay of ``schedule`` (size0, change_at, size1)
+    from rank 0's initial weights, every index once per epoch, converged to
+    y = x . (1..6)/6 + 0.5."""
+    import numpy as np
     done = [e for j in jobs for e in j.of("done")]
     assert len(done) == size, done
     assert sorted(e["rank"] for e in done) == list(range(size))
@@ -288,8 +333,13 @@ def _check_training(jobs, size):
     assert len(ref["epochs"]) == EPOCHS
     for epoch, counts in enumerate(ref["epochs"]):
         assert counts == [1] * len(counts), f"epoch {epoch}: sample counts {counts}"
-    want = [(i + 1) / 6 for i in range(6)]
-    assert max(abs(a - b) for a, b in zip(ref["params"]["weight"], want)) < 0.05, ref["params"]
+    init = [e for j in jobs for e in j.of("init")][-1]["params"]
+    want = reference_run(init, *schedule)
+    for k in want:
+        np.testing.assert_allclose(ref["params"][k], want[k], rtol=0, atol=2e-5,
+                                   err_msg=f"{k} differs from the single-process replay")
+    w = [(i + 1) / 6 for i in range(6)]
+    assert max(abs(a - b) for a, b in zip(ref["params"]["weight"], w)) < 0.05, ref["params"]
     assert abs(ref["params"]["bias"][0] - 0.5) < 0.05, ref["params"]
     assert ref["loss"] < 1e-3, ref["loss"]
     return done
@@ -301,14 +351,14 @@ def _check_training(jobs, size):
 FULL_START = ["--start-size", "4"]
 
 
-def _paused_after_all_committed(job, n):
-    """Waits until all n workers have committed the pause step and the
-    victim is blocked after it (the others then wait for it inside the next
-    step's allreduces); returns the victim's event."""
+def _paused_after_all_stepped(job, n):
+    """Waits until all n workers have applied step S+1's update (not yet
+    committed) and the victim is blocked after it (the others then wait for
+    it in the step's next allreduce); returns the victim's event."""
     seen, paused = set(), None
     while len(seen) < n or paused is None:
-        ev = job.wait_event(lambda e: e["ev"] in ("committed", "paused"))
-        if ev["ev"] == "committed":
+        ev = job.wait_event(lambda e: e["ev"] in ("stepped", "paused"))
+        if ev["ev"] == "stepped":
             seen.add(ev["pid"])
         else:
             paused = ev
@@ -316,15 +366,17 @@ def _paused_after_all_committed(job, n):
 
 
 def test_sigkill_mid_run(tmp_path):
-    """Rank 0 is killed (SIGKILL) while the others wait for it in step 9's
-    allreduces: they restore step 8's commit, re-form at size 3 (the new
-    rank 0 is the oldest survivor), sync and finish."""
+    """Rank 0 is killed (SIGKILL) in step 9, after the step's update and
+    before its commit, while the others wait for it in the step's next
+    allreduce: they restore step 8's commit (undoing step 9's update),
+    re-form at size 3 (the new rank 0 is the oldest survivor), sync and
+    finish as a replay of 8 steps at size 4 and the rest at size 3."""
     fifo = tmp_path / "pause"
     os.mkfifo(fifo)
     job = Job(4, ["--epochs", str(EPOCHS), "--pause-rank", "0", "--pause-at", "8",
                   "--fifo", str(fifo), *FULL_START], ["--min-np", "2", "--max-np", "4"])
     try:
-        ev = _paused_after_all_committed(job, 4)
+        ev = _paused_after_all_stepped(job, 4)
         os.kill(ev["pid"], signal.SIGKILL)
         rc = job.finish()
     finally:
@@ -333,7 +385,7 @@ def test_sigkill_mid_run(tmp_path):
     assert rc == 0, job.err[-20:]
     assert any(f"killed by signal {signal.SIGKILL}" in line for line in job.err)
     assert not job.of("done", victim)
-    done = _check_training([job], 3)
+    done = _check_training([job], 3, (4, 8, 3))
     for e in done:
         assert len(job.of("restore", e["pid"])) == 1, "a survivor did not restore once"
         # (A reset to size 4 before training is a late starter joining.)
@@ -341,15 +393,16 @@ def test_sigkill_mid_run(tmp_path):
 
 
 def test_sigterm_leaves_gracefully(tmp_path):
-    """Rank 1 gets SIGTERM while paused after step 8's commit, then goes
-    on: it leaves at its next commit point and exits 0; the others re-form
-    at size 3 without a failure (no restore) and finish."""
+    """Rank 1 gets SIGTERM while paused in step 9, then goes on: it leaves
+    at step 9's commit point and exits 0; the others re-form at size 3
+    without a failure (no restore) and finish as a replay of 9 steps at
+    size 4 and the rest at size 3."""
     fifo = tmp_path / "pause"
     os.mkfifo(fifo)
     job = Job(4, ["--epochs", str(EPOCHS), "--pause-rank", "1", "--pause-at", "8",
                   "--fifo", str(fifo), *FULL_START], ["--min-np", "2", "--max-np", "4"])
     try:
-        ev = _paused_after_all_committed(job, 4)
+        ev = _paused_after_all_stepped(job, 4)
         os.kill(ev["pid"], signal.SIGTERM)
         with open(fifo, "w") as f:      # let it go on to its next commit
             f.write("go\n")
@@ -363,7 +416,7 @@ def test_sigterm_leaves_gracefully(tmp_path):
     assert [e["code"] for e in job.of("left", leaver)] == [0]
     assert not job.of("done", leaver)
     assert not job.of("restore"), "a worker restored: the leave was seen as a failure"
-    done = _check_training([job], 3)
+    done = _check_training([job], 3, (4, 9, 3))
     for e in done:
         assert [r["size"] for r in job.of("reset", e["pid"]) if r["size"] != 4] == [3]
 
@@ -391,7 +444,8 @@ def test_worker_joins_mid_run(server):
     """Three workers train; at step 6 they poll the commit point until a
     fourth worker (a second kolorun against the same server) is admitted;
     it syncs from rank 0 (weights, momentum buffers, sampler, counters),
-    and all four finish identical."""
+    and all four finish identical, as a replay of 6 steps at size 3 and the
+    rest at size 4."""
     url, token = server
     common = ["--rendezvous", url, "--token-file", token, "--job", "pyjoin",
               "--min-np", "2", "--max-np", "4"]
@@ -411,7 +465,7 @@ def test_worker_joins_mid_run(server):
     assert (rc, rc_join) == (0, 0), (job.err[-20:], joiner.err[-20:])
     assert (start["rank"], start["size"]) == (3, 4)
     assert not job.of("restore") and not joiner.of("restore")
-    done = _check_training([job, joiner], 4)
+    done = _check_training([job, joiner], 4, (3, 6, 4))
     for e in done:
         if e["pid"] != start["pid"]:
             # (A reset to size 3 before training is a late starter joining.)

@@ -11,11 +11,13 @@ admitted at the commit point polled before step 0).
 Every step commits. Events are reported (conftest's KOLO-RESULT lines) so
 that the test acts on them:
   {"ev": "start", "pid", "rank", "size"}           after init
-  {"ev": "committed", "pid", "step"}               every process, after step S's
-      commit (the first time)
-  {"ev": "paused", "pid", "step"}                  the process that was rank R
-      at start, after committing step S: it then blocks reading the FIFO
-      (the test kills it, or signals it and writes a line to let it go on)
+  {"ev": "init", "params"}                         rank 0 before the first step
+  {"ev": "stepped", "pid", "step": S}              every process, in step S+1
+      after the optimizer's step (applied, not committed), the first time
+  {"ev": "paused", "pid", "step": S}               then the process that was
+      rank R at start blocks reading the FIFO (the test kills it, or signals
+      it and writes a line to let it go on); the others block in the step's
+      next allreduce
   {"ev": "waiting", "step"}                        rank 0 before step S+1 while
       the size is below K: every member polls the commit point until a
       joiner is admitted
@@ -39,6 +41,7 @@ from _common import report
 torch.set_num_threads(1)
 
 FEATURES, SAMPLES, BATCH = 6, 48, 2
+LR, MOMENTUM, SEED = 0.05, 0.5, 5
 
 
 class Data(torch.utils.data.Dataset):
@@ -53,6 +56,10 @@ class Data(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return self.x[i], self.y[i], i
+
+
+def params(model):
+    return {k: v.double().flatten().tolist() for k, v in model.state_dict().items()}
 
 
 class Reporting(hvd.elastic.TorchState):
@@ -81,15 +88,15 @@ def main():
     # joiner's) must replace them with rank 0's.
     torch.manual_seed(1000 + os.getpid())
     model = torch.nn.Linear(FEATURES, 1)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5),
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM),
                                    named_parameters=model.named_parameters())
-    sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=5)
+    sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=SEED)
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
     state = Reporting(model, opt, sampler=sampler, epoch=0, step=0, counts=[0] * SAMPLES,
                       epochs=[])
     state.register_reset_callbacks([lambda: report({"ev": "reset", "size": hvd.size(),
                                                     "rank": hvd.rank(), "pid": os.getpid()})])
-    paused = []
+    stepped = []
 
     def wait_for_size(state, k, announce=False):
         """Polls the commit point (one small allreduce) until it raises
@@ -112,9 +119,19 @@ def main():
                     wait_for_size(state, args.start_size)
                 if state.step == args.wait_at:
                     wait_for_size(state, args.wait_size, announce=True)
+                if state.step == 0 and hvd.rank() == 0:
+                    report({"ev": "init", "pid": os.getpid(), "params": params(model)})
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(model(x), y).backward()
                 opt.step()
+                if state.step == args.pause_at and not stepped:
+                    # Step S+1's update is applied but not committed yet.
+                    stepped.append(True)
+                    report({"ev": "stepped", "pid": os.getpid(), "step": state.step})
+                    if first_rank == args.pause_rank:
+                        report({"ev": "paused", "pid": os.getpid(), "step": state.step})
+                        with open(args.fifo) as f:
+                            f.readline()
                 # Which samples of this batch are real (not padding):
                 # element j of batch b is position (b*BATCH+j)*size+rank of
                 # the padded order; the real ones come first.
@@ -128,14 +145,6 @@ def main():
                 sampler.record_batch(b, BATCH)
                 state.step += 1
                 state.commit()
-                if state.step == args.pause_at and not paused:
-                    report({"ev": "committed", "pid": os.getpid(), "step": state.step})
-                if (first_rank == args.pause_rank and state.step == args.pause_at and
-                        not paused):
-                    paused.append(True)
-                    report({"ev": "paused", "pid": os.getpid(), "step": state.step})
-                    with open(args.fifo) as f:
-                        f.readline()
             state.epochs = state.epochs + [state.counts]
             state.counts = [0] * SAMPLES
             state.epoch += 1
@@ -150,7 +159,7 @@ def main():
     with torch.no_grad():
         loss = float(torch.nn.functional.mse_loss(model(data.x), data.y))
     report({"ev": "done", "pid": os.getpid(), "rank": hvd.rank(), "size": hvd.size(),
-            "params": {k: v.double().flatten().tolist() for k, v in model.state_dict().items()},
+            "params": params(model),
             "epochs": state.epochs, "loss": loss, "step": state.step})
     hvd.shutdown()
 

@@ -18,18 +18,18 @@ commit, on a comm re-formed in place (no process restarts)::
 
     @hvd.elastic.run
     def train(state):
-        for state.epoch in range(state.epoch, epochs):
-            for state.batch, (x, y) in enumerate(loader):
+        while state.epoch < epochs:
+            for batch, (x, y) in enumerate(loader):   # this epoch's remaining samples
                 opt.zero_grad()
                 loss_fn(model(x), y).backward()
                 opt.step()
-                sampler.record_batch(state.batch, 32)
+                sampler.record_batch(batch, 32)
                 state.commit()
-            sampler.set_epoch(state.epoch + 1)
-            state.batch = 0
+            state.epoch += 1                          # epoch and sampler move together,
+            sampler.set_epoch(state.epoch)            # then one commit
             state.commit()
 
-    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0, batch=0)
+    state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0)
     train(state)
 
 Run it with ``kolorun -np 4 --min-np 2 --max-np 4 -- /usr/bin/python3 train.py``

@@ -105,6 +105,12 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
       ``KOLO_ELASTIC_TIMEOUT_MS``) its error is raised.
 
     In a job that is not elastic, a HorovodInternalError is raised as is.
+
+    A peer failure seen inside the commit point's own allreduce raises
+    HostsUpdatedInterrupt rather than HorovodInternalError (kolo's commit
+    reports both as a membership change); the state was saved just before
+    that allreduce, so not restoring it is the same as restoring it, and
+    kolo.reform() still treats the round's end as a failure.
     """
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
