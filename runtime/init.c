@@ -410,10 +410,31 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 }
 
 /* true when this rank's data plane has failed or was given up: the other
- * ranks cannot all be waiting for a clean finish. */
+ * ranks cannot all be waiting for a clean finish. A failed ring has reset
+ * every conn, whichever way it failed (a peer, a timeout, an abort). */
 static bool comm_failed(const struct kolo_comm *comm)
 {
-	return atomic_load(&comm->aborted) || kolo_ring_failed_peer(comm->ring) >= 0;
+	return atomic_load(&comm->aborted) || kolo_ring_failed_peer(comm->ring) >= 0 ||
+	       (comm->ring && kolo_ring_comm_status(comm->ring) != KOLO_OK);
+}
+
+/* How often rank 0's gather looks for a "0" verdict that another rank
+ * published while it waits for one that may be gone. */
+#define FIN_SLICE_MS 100
+/* After a failure: the budget for saying so in the KV and leaving the job.
+ * Best effort: when the server does not answer, nobody is left to tell. */
+#define FIN_FAILED_MS 1000
+
+/* kolo_rdzv_set_cancel hook: the rendezvous requests of finalize end at the
+ * deadline *arg (kolo_now_ms()). */
+static bool past_deadline(void *arg)
+{
+	return kolo_now_ms() >= *(const uint64_t *)arg;
+}
+
+static bool fin_value_is(const void *data, size_t len, char v)
+{
+	return len == 1 && ((const char *)data)[0] == v;
 }
 
 /* Waits until every rank has finished with the data plane, so that closing
@@ -422,53 +443,91 @@ static bool comm_failed(const struct kolo_comm *comm)
  * data-plane barrier could itself be cut off. Each rank reports "1" (done) or
  * "0" (failed) under fin/<round>/<rank>; rank 0 gathers them and publishes
  * the verdict under fin/<round>/all, which a failed rank publishes at once
- * itself, so that nobody waits for ranks that are gone. Bounded by
- * KOLO_TIMEOUT_MS. */
-static void finalize_sync(struct kolo_comm *comm)
+ * itself, so that nobody waits for ranks that are gone. kolorun does the same
+ * for a worker that dies (tools/kolorun), so a rank that died outside a
+ * collective does not hold the others either. Rank 0 gathers in slices and
+ * stops on a "0" verdict: the rank it waits for may be the dead one. Bounded
+ * by KOLO_TIMEOUT_MS (FIN_FAILED_MS after a failure), server retries
+ * included. */
+static void finalize_sync(struct kolo_comm *comm, bool failed)
 {
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
 	if (a->size <= 1 || !comm->rdzv)
 		return;
-	bool failed = comm_failed(comm);
-	uint64_t end = kolo_now_ms() + (uint64_t)comm->timeout_ms;
-	char key[64];
+	uint64_t end = kolo_now_ms() + (uint64_t)(failed ? FIN_FAILED_MS : comm->timeout_ms);
+	kolo_rdzv_set_cancel(comm->rdzv, past_deadline, &end);
+	char key[64], all_key[64];
 	void *data = NULL;
 	size_t len = 0;
 	kolo_status_t st;
 	const char *mine = failed ? "0" : "1";
+	snprintf(all_key, sizeof(all_key), "fin/%" PRId64 "/all", a->round);
 	snprintf(key, sizeof(key), "fin/%" PRId64 "/%d", a->round, a->rank);
 	if ((st = kolo_rdzv_kv_put(comm->rdzv, key, mine, 1)) != KOLO_OK)
 		goto fail;
-	snprintf(key, sizeof(key), "fin/%" PRId64 "/all", a->round);
 	if (failed) {
 		KOLO_INFO(SUBSYS, "finalize after a failure: not waiting for the other ranks");
-		kolo_rdzv_kv_put(comm->rdzv, key, "0", 1);
-		return;
+		st = kolo_rdzv_kv_put(comm->rdzv, all_key, "0", 1);
+		if (st != KOLO_OK)
+			goto fail;
+		goto out;
 	}
 	if (a->rank == 0) {
 		bool all_done = true;
-		for (int r = 1; r < a->size && all_done; r++) {
+		for (int r = 1; r < a->size && all_done;) {
 			uint64_t now = kolo_now_ms();
+			if (now >= end) {
+				st = KOLO_ETIMEDOUT;
+				goto fail;
+			}
+			int slice = (int)KOLO_MIN(end - now, (uint64_t)FIN_SLICE_MS);
 			snprintf(key, sizeof(key), "fin/%" PRId64 "/%d", a->round, r);
-			st = kolo_rdzv_kv_get(comm->rdzv, key, now < end ? (int)(end - now) : 0,
-			                      &data, &len);
-			all_done = st == KOLO_OK && len == 1 && ((char *)data)[0] == '1';
+			st = kolo_rdzv_kv_get(comm->rdzv, key, slice, &data, &len);
+			if (st == KOLO_OK) {
+				all_done = fin_value_is(data, len, '1');
+				r++;
+			}
 			free(data);
 			data = NULL;
+			if (st == KOLO_ENOTFOUND) {
+				/* Rank r may be gone: has a failed rank said so? */
+				st = kolo_rdzv_kv_get(comm->rdzv, all_key, 0, &data, &len);
+				if (st == KOLO_OK && fin_value_is(data, len, '0'))
+					all_done = false;
+				free(data);
+				data = NULL;
+				if (st == KOLO_ENOTFOUND)
+					st = KOLO_OK;
+			}
 			if (st != KOLO_OK)
 				goto fail;
 		}
-		snprintf(key, sizeof(key), "fin/%" PRId64 "/all", a->round);
-		st = kolo_rdzv_kv_put(comm->rdzv, key, all_done ? "1" : "0", 1);
+		st = kolo_rdzv_kv_put(comm->rdzv, all_key, all_done ? "1" : "0", 1);
+		if (st != KOLO_OK)
+			goto fail;
+		if (!all_done)
+			KOLO_INFO(SUBSYS, "finalize: a rank failed; not waiting for the others");
 	} else {
-		st = kolo_rdzv_kv_get(comm->rdzv, key, comm->timeout_ms, &data, &len);
+		uint64_t now = kolo_now_ms();
+		st = kolo_rdzv_kv_get(comm->rdzv, all_key, now < end ? (int)(end - now) : 0, &data,
+		                      &len);
 		free(data);
+		if (st != KOLO_OK)
+			goto fail;
 	}
-	if (st == KOLO_OK)
-		return;
+	goto out;
 fail:
-	KOLO_WARN(SUBSYS, "finalize: not every rank reported done (%s); closing anyway",
-	          kolo_rdzv_client_error(comm->rdzv));
+	if (st == KOLO_ETIMEDOUT || st == KOLO_ESHUTDOWN)
+		KOLO_WARN(SUBSYS, "finalize: %s within %d ms; closing anyway",
+		          failed ? "the rendezvous did not take the failure report"
+		                 : "not every rank reported done",
+		          failed ? FIN_FAILED_MS : comm->timeout_ms);
+	else
+		KOLO_WARN(SUBSYS, "finalize: %s (%s); closing anyway",
+		          failed ? "cannot report the failure" : "not every rank reported done",
+		          kolo_rdzv_client_error(comm->rdzv));
+out:
+	kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
 }
 
 KOLO_API void kolo_abort(kolo_comm_t *comm)
@@ -495,14 +554,22 @@ KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm)
 	/* The engine owns the ring while it runs: stop it first. */
 	kolo_engine_destroy(comm->engine);
 	comm->engine = NULL;
+	bool failed = comm_failed(comm);
 	if (comm->ring)
-		finalize_sync(comm);
+		finalize_sync(comm, failed);
 	kolo_ring_comm_destroy(comm->ring);
 	comm->ring = NULL;
 	if (comm->transport)
 		comm->transport->ops->destroy(comm->transport);
 	comm->transport = NULL;
+	/* After a failure the leave is best effort too: a dead server must not
+	 * hold a failed rank for the client's whole retry budget. */
+	uint64_t leave_by = kolo_now_ms() + FIN_FAILED_MS;
+	if (failed && comm->rdzv)
+		kolo_rdzv_set_cancel(comm->rdzv, past_deadline, &leave_by);
 	kolo_status_t st = comm->rdzv ? kolo_rdzv_leave(comm->rdzv) : KOLO_OK;
+	if (failed && comm->rdzv)
+		kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
 	if (st != KOLO_OK)
 		KOLO_WARN(SUBSYS, "leaving the rendezvous failed: %s",
 		          kolo_rdzv_client_error(comm->rdzv));
