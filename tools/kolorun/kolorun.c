@@ -14,7 +14,15 @@
  * SIGINT/SIGTERM are forwarded to the workers (each runs in its own process
  * group); a second one kills them. When a worker fails in a non-elastic job
  * the others get SIGTERM, then SIGKILL after a grace period, and kolorun
- * exits with the failed worker's status (128 + signal when it was killed). */
+ * exits with the failed worker's status (128 + signal when it was killed).
+ *
+ * The workers never outlive kolorun: each is started with PR_SET_PDEATHSIG
+ * SIGKILL, so when kolorun dies (SIGKILL included) the kernel kills them, and
+ * the embedded server, a part of this process, goes with it. A worker that
+ * dies is reported in the job's KV as finished with a failure
+ * ("fin/<round>/<rank>" and "fin/<round>/all" = "0", as the runtime's
+ * kolo_finalize() does after a failure), so that the ranks of other
+ * launchers waiting for it in kolo_finalize() stop waiting at once. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -25,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,6 +44,7 @@
 #define LINE_MAX_BYTES 65536
 #define GRACE_MS       5000
 #define DRAIN_MS       1000
+#define REPORT_MS      1000 /* budget for reporting a dead worker to the server */
 
 extern char **environ;
 
@@ -50,6 +60,7 @@ struct worker {
 	int slot;
 	pid_t pid; /* 0 once reaped */
 	int rank;  /* -1 until reported */
+	int64_t round;
 	int status;
 	bool exited;
 	struct stream s[S_COUNT];
@@ -347,8 +358,10 @@ static void control(struct worker *w, const char *line)
 {
 	int rank, size;
 	long long round;
-	if (sscanf(line, "rank %d size %d round %lld", &rank, &size, &round) == 3 && rank >= 0)
+	if (sscanf(line, "rank %d size %d round %lld", &rank, &size, &round) == 3 && rank >= 0) {
 		w->rank = rank;
+		w->round = round;
+	}
 }
 
 /* Handles the complete lines in the stream's buffer; at EOF also the rest. */
@@ -421,9 +434,16 @@ static pid_t spawn(struct worker *w, const char *path, char **argv, struct env *
 	snprintf(num, sizeof(num), "%d", p[S_CTL][1]);
 	env_set(base, "KOLO_LAUNCHER_FD", num);
 	int devnull = open(devnull_path, O_RDONLY | O_CLOEXEC);
+	pid_t parent = getpid();
+	/* From the main thread only: the death signal comes when the thread
+	 * that forked exits, and the main thread lives as long as kolorun. */
 	pid_t pid = fork();
 	if (pid == 0) {
 		/* Only async-signal-safe calls from here on. */
+		/* Die with kolorun, however it dies; if it died before this
+		 * line, the signal will never come: go now. */
+		if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+			_exit(127);
 		setpgid(0, 0);
 		if (devnull >= 0)
 			dup2(devnull, STDIN_FILENO);
@@ -463,6 +483,50 @@ static int exit_code(int status)
 	return 1;
 }
 
+/* ---- the job's KV ------------------------------------------------------ */
+
+/* A client of the job at url for kolorun's own requests, or NULL with the
+ * reason in eb. deadline_ms bounds its retries of an unreachable server. */
+static struct kolo_rdzv_client *job_client(const char *url, const char *job, const char *token,
+                                           int deadline_ms, struct kolo_errbuf *eb)
+{
+	char host[KOLO_RDZV_HOST_MAX];
+	if (kolo_hostname(host, sizeof(host)) != KOLO_OK || !host[0])
+		snprintf(host, sizeof(host), "kolorun");
+	struct kolo_rdzv_client_config cc = {
+	        .url = url, .job = job, .token = token, .host = host, .deadline_ms = deadline_ms};
+	struct kolo_rdzv_client *c = NULL;
+	return kolo_rdzv_client_create(&cc, &c, eb) == KOLO_OK ? c : NULL;
+}
+
+static bool past_deadline(void *arg)
+{
+	return kolo_now_ms() >= *(const uint64_t *)arg;
+}
+
+/* Publishes that worker w will never finish its round: the "0" verdict that
+ * kolo_finalize() writes itself after a failure (runtime/init.c), which the
+ * ranks waiting there for w read instead of waiting out KOLO_TIMEOUT_MS.
+ * Best effort, within about REPORT_MS. Workers that never reported a rank
+ * took no part in a round: nothing to say. */
+static void report_gone(struct kolo_rdzv_client *c, const struct worker *w)
+{
+	if (!c || w->rank < 0 || w->round < 1)
+		return;
+	uint64_t end = kolo_now_ms() + REPORT_MS;
+	kolo_rdzv_set_cancel(c, past_deadline, &end);
+	char key[64];
+	snprintf(key, sizeof(key), "fin/%" PRId64 "/%d", w->round, w->rank);
+	kolo_status_t st = kolo_rdzv_kv_put(c, key, "0", 1);
+	snprintf(key, sizeof(key), "fin/%" PRId64 "/all", w->round);
+	if (st == KOLO_OK)
+		st = kolo_rdzv_kv_put(c, key, "0", 1);
+	kolo_rdzv_set_cancel(c, NULL, NULL);
+	if (st != KOLO_OK)
+		fprintf(stderr, "kolorun: cannot tell the job that rank %d is gone: %s\n", w->rank,
+		        kolo_rdzv_client_error(c));
+}
+
 static void signal_all(struct worker *ws, int n, int sig)
 {
 	for (int i = 0; i < n; i++)
@@ -498,6 +562,7 @@ int main(int argc, char **argv)
 	int min_alive = o.rendezvous ? 1 : o.min_np;
 
 	struct kolo_rdzv_server *server = NULL;
+	struct kolo_rdzv_client *reporter = NULL; /* tells the job about dead workers */
 	struct kolo_errbuf eb = {{0}};
 	char url[512];
 	if (!o.rendezvous) {
@@ -521,6 +586,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		snprintf(url, sizeof(url), "http://127.0.0.1:%d", kolo_rdzv_server_port(server));
+		reporter = job_client(url, job, token, REPORT_MS, &eb);
 		env_set(&env, "KOLO_TOKEN", token);
 		env_unset(&env, "KOLO_TOKEN_FILE");
 		memset(token, 0, sizeof(token));
@@ -530,38 +596,39 @@ int main(int argc, char **argv)
 			env_set(&env, "KOLO_TOKEN_FILE", o.token_file);
 			env_unset(&env, "KOLO_TOKEN");
 		}
+		char *tok = NULL;
+		if (o.token_file) {
+			setenv("KOLO_TOKEN_FILE", o.token_file, 1);
+			unsetenv("KOLO_TOKEN");
+		}
+		kolo_status_t st = kolo_token_load(&tok, &eb);
 		if (o.min_np != o.np || o.max_np != o.np) {
 			/* Tell the external server about the elastic range. */
-			char *tok = NULL;
-			char host[KOLO_RDZV_HOST_MAX];
 			struct kolo_rdzv_client *c = NULL;
-			if (o.token_file) {
-				setenv("KOLO_TOKEN_FILE", o.token_file, 1);
-				unsetenv("KOLO_TOKEN");
-			}
-			kolo_status_t st = kolo_token_load(&tok, &eb);
-			if (st == KOLO_OK && kolo_hostname(host, sizeof(host)) != KOLO_OK)
-				snprintf(host, sizeof(host), "kolorun");
-			struct kolo_rdzv_client_config cc = {
-			        .url = url,
-			        .job = job,
-			        .token = tok,
-			        .host = host,
-			        .deadline_ms = (int)kolo_param_int(KOLO_P_RDZV_DEADLINE_MS)};
 			if (st == KOLO_OK)
-				st = kolo_rdzv_client_create(&cc, &c, &eb);
-			if (st == KOLO_OK)
+				c = job_client(url, job, tok,
+				               (int)kolo_param_int(KOLO_P_RDZV_DEADLINE_MS), &eb);
+			if (c)
 				st = kolo_rdzv_job_configure(c, o.min_np, o.max_np,
 				                             (int)kolo_param_int(KOLO_P_SETTLE_MS));
-			if (st != KOLO_OK)
+			if (st != KOLO_OK || !c) {
 				fprintf(stderr, "kolorun: cannot configure job %s: %s\n", job,
 				        c ? kolo_rdzv_client_error(c) : eb.msg);
-			kolo_rdzv_client_destroy(c);
-			free(tok);
-			if (st != KOLO_OK)
+				kolo_rdzv_client_destroy(c);
+				free(tok);
 				return 1;
+			}
+			kolo_rdzv_client_destroy(c);
 		}
+		if (st == KOLO_OK)
+			reporter = job_client(url, job, tok, REPORT_MS, &eb);
+		if (tok)
+			memset(tok, 0, strlen(tok));
+		free(tok);
 	}
+	if (!reporter)
+		fprintf(stderr, "kolorun: dead workers will not be reported to the job: %s\n",
+		        eb.msg);
 	env_set(&env, "KOLO_RENDEZVOUS", url);
 
 	if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
@@ -676,6 +743,7 @@ int main(int argc, char **argv)
 				int code = exit_code(status);
 				if (code == 0)
 					break;
+				report_gone(reporter, &ws[i]);
 				n_failed++;
 				char who[32];
 				if (ws[i].rank >= 0)
@@ -755,6 +823,7 @@ int main(int argc, char **argv)
 	free(pfds);
 	env_free(&env);
 	free(path);
+	kolo_rdzv_client_destroy(reporter);
 	kolo_rdzv_server_stop(server);
 	close(sig_pipe[0]);
 	close(sig_pipe[1]);
