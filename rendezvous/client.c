@@ -3,7 +3,8 @@
  * with exponential backoff and jitter while the server is unreachable,
  * restarting (connection refused, 5xx) or its name does not resolve yet, and
  * which re-registers the worker when the server answers 410 "unknown worker"
- * (it restarted and lost its soft state). */
+ * (it restarted and lost its soft state) and then puts again the KV entries
+ * the worker put in the round it holds (the restart lost them too). */
 #include "rendezvous.h"
 
 #include <curl/curl.h>
@@ -24,6 +25,15 @@
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 2000
 #define HANDLE_POOL    4
+#define OWNED_MAX      64    /* KV entries of the held round kept for re-publication */
+#define OWNED_BYTES    65536 /* largest value kept */
+
+/* A KV entry this worker put in the round it holds. */
+struct owned_kv {
+	char key[KOLO_RDZV_ID_MAX];
+	void *val;
+	size_t len;
+};
 
 struct kolo_rdzv_client {
 	char *url; /* without a trailing '/' */
@@ -40,6 +50,11 @@ struct kolo_rdzv_client {
 	int64_t round; /* held membership, for re-registration */
 	int rank;
 	uint64_t reg_gen; /* bumped by every (re-)registration */
+	/* what kv_put stored while holding owned_round, put again after a
+	 * re-registration: the server that lost us lost them too */
+	struct owned_kv owned[OWNED_MAX];
+	int n_owned;
+	int64_t owned_round;
 	CURL *pool[HANDLE_POOL];
 	int n_pool;
 
@@ -265,6 +280,7 @@ static bool backoff_wait(struct kolo_rdzv_client *c, bool heartbeat, int ms)
 
 static kolo_status_t reregister(struct kolo_rdzv_client *c, CURL *h, bool heartbeat,
                                 uint64_t seen_gen, struct kolo_errbuf *eb);
+static void republish(struct kolo_rdzv_client *c, CURL *h, bool heartbeat);
 
 struct req {
 	const char *method;
@@ -460,6 +476,8 @@ void kolo_rdzv_client_destroy(struct kolo_rdzv_client *c)
 	kolo_rdzv_heartbeat_stop(c);
 	for (int i = 0; i < c->n_pool; i++)
 		curl_easy_cleanup(c->pool[i]);
+	for (int i = 0; i < c->n_owned; i++)
+		free(c->owned[i].val);
 	pthread_cond_destroy(&c->hb_cond);
 	pthread_mutex_destroy(&c->reg_lock);
 	pthread_mutex_destroy(&c->lock);
@@ -614,6 +632,10 @@ static kolo_status_t reregister(struct kolo_rdzv_client *c, CURL *h, bool heartb
 		if (st == KOLO_OK)
 			KOLO_INFO(SUBSYS, "re-registered as worker %s (round %" PRId64 ", rank %d)",
 			          c->worker_id, round, rank);
+		/* Under reg_lock: a request that saw the restart too goes on
+		 * once the round's keys are back. */
+		if (st == KOLO_OK && round > 0)
+			republish(c, h, heartbeat);
 	}
 	pthread_mutex_unlock(&c->reg_lock);
 	return st;
@@ -1027,6 +1049,94 @@ static kolo_status_t kv_path(struct kolo_rdzv_client *c, const char *key, const 
 	return KOLO_OK;
 }
 
+static void owned_clear(struct kolo_rdzv_client *c)
+{
+	for (int i = 0; i < c->n_owned; i++)
+		free(c->owned[i].val);
+	c->n_owned = 0;
+}
+
+/* Keeps an entry that a worker put while holding a round (its address, its
+ * finalize report, ...), for republish(); entries of an older round are
+ * dropped. Clients that hold no round (kolorun's, the elastic watcher's)
+ * keep nothing: they never re-register. */
+static void remember(struct kolo_rdzv_client *c, const char *key, const void *data, size_t len)
+{
+	pthread_mutex_lock(&c->lock);
+	if (!c->joined || c->round <= 0)
+		goto out;
+	if (c->owned_round != c->round) {
+		owned_clear(c);
+		c->owned_round = c->round;
+	}
+	int i = 0;
+	while (i < c->n_owned && strcmp(c->owned[i].key, key) != 0)
+		i++;
+	void *copy = len <= OWNED_BYTES ? malloc(KOLO_MAX(len, (size_t)1)) : NULL;
+	if (!copy || (i == c->n_owned && i == OWNED_MAX)) {
+		KOLO_WARN(SUBSYS, "KV key %s will not be put again after a server restart", key);
+		free(copy);
+		goto out;
+	}
+	if (len)
+		memcpy(copy, data, len);
+	if (i == c->n_owned) {
+		snprintf(c->owned[i].key, sizeof(c->owned[i].key), "%s", key);
+		c->n_owned++;
+	} else {
+		free(c->owned[i].val);
+	}
+	c->owned[i].val = copy;
+	c->owned[i].len = len;
+out:
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Puts again the entries remember() kept for the round this worker holds,
+ * after a re-registration; on h, the re-registering thread's handle. A
+ * failure is logged: the request that re-registered goes on regardless. */
+static void republish(struct kolo_rdzv_client *c, CURL *h, bool heartbeat)
+{
+	struct owned_kv copy[OWNED_MAX];
+	int n = 0;
+	pthread_mutex_lock(&c->lock);
+	if (c->owned_round == c->round) {
+		for (; n < c->n_owned; n++) {
+			copy[n] = c->owned[n];
+			copy[n].val = malloc(KOLO_MAX(copy[n].len, (size_t)1));
+			if (!copy[n].val)
+				break;
+			memcpy(copy[n].val, c->owned[n].val, copy[n].len);
+		}
+	}
+	int64_t round = c->round;
+	pthread_mutex_unlock(&c->lock);
+	int done = 0;
+	for (int i = 0; i < n; i++) {
+		struct req q = {.method = "PUT",
+		                .body = copy[i].val,
+		                .blen = copy[i].len,
+		                .ctype = "application/octet-stream",
+		                .timeout_ms = SHORT_REQ_MS,
+		                .heartbeat = heartbeat};
+		struct kolo_errbuf eb = {{0}};
+		struct resp r = {0};
+		kolo_status_t st = kv_path(c, copy[i].key, "", &q);
+		if (st == KOLO_OK)
+			st = request(c, h, &q, &r, &eb, NULL);
+		if (st == KOLO_OK && (r.code == 204 || r.code == 200))
+			done++;
+		else
+			KOLO_WARN(SUBSYS, "cannot put KV key %s again after the restart: %s",
+			          copy[i].key, st == KOLO_OK ? "refused" : eb.msg);
+		resp_fini(&r);
+		free(copy[i].val);
+	}
+	if (n > 0)
+		KOLO_INFO(SUBSYS, "put %d KV entries of round %" PRId64 " again after a restart",
+		          done, round);
+}
+
 kolo_status_t kolo_rdzv_kv_put(struct kolo_rdzv_client *c, const char *key, const void *data,
                                size_t len)
 {
@@ -1042,6 +1152,8 @@ kolo_status_t kolo_rdzv_kv_put(struct kolo_rdzv_client *c, const char *key, cons
 	struct resp r = {0};
 	kolo_status_t st = simple(c, &q, 204, 200, &r);
 	resp_fini(&r);
+	if (st == KOLO_OK)
+		remember(c, key, data, len);
 	return st;
 }
 
