@@ -126,8 +126,12 @@ def check_close(got, want, tol, what):
 
 @pytest.mark.parametrize("np_", [2, 4])
 def test_collectives_match_numpy_and_gloo(np_):
-    proc = run_worker(np_, "ddp_collectives.py", timeout=240, env=ENV)
-    res = results(proc)
+    check_collectives(results(run_worker(np_, "ddp_collectives.py", timeout=240, env=ENV)), np_)
+
+
+def check_collectives(res, np_):
+    """Checks the reports of ddp_collectives.py on np_ ranks (also used by
+    test_ddp_torchrun.py)."""
     assert sorted(res) == list(range(np_))
     compared_with_gloo = 0
     cases = 0
@@ -184,43 +188,13 @@ def test_collectives_match_numpy_and_gloo(np_):
 # ---- DDP training --------------------------------------------------------------
 
 
-def ref_training(steps_per_rank, size, batch=24, hidden=16, steps=6):
-    """Single-process training over the same batches: the loss at step s is
-    the sum over the ranks still training of their shard's mean loss, divided
-    by the initial world size (DDP's gradient average, join() included).
-    Returns (params after each step, {rank: [loss per step]})."""
-    x, y = (torch.from_numpy(a) for a in C.dataset())
-    model = C.make_model(torch, seed=0, hidden=hidden)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    params, losses = [], {r: [] for r in range(size)}
-    for s in range(max(steps_per_rank)):
-        total = 0
-        for r in range(size):
-            if s < steps_per_rank[r]:
-                idx = C.shard(s, r, size, batch, len(y))
-                loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
-                losses[r].append(loss.item())
-                total = total + loss
-        opt.zero_grad()
-        (total / size).backward()
-        opt.step()
-        params.append(C.flat_params(torch, model))
-    return params, losses
-
-
-PROJ = np.random.default_rng(7).normal(size=(3, 2000))
-
-
-def project(v):
-    v = np.asarray(v)
-    return PROJ[:, :len(v)] @ v
-
-
 def split(res):
     runs = {}
     steps = {}
     for rank, items in res.items():
         for o in items:
+            if "backend" not in o:
+                continue
             if "step" in o:
                 steps.setdefault(o["backend"], {})[o["step"]] = o["params"]
             else:
@@ -232,8 +206,15 @@ def split(res):
 def test_ddp_matches_gloo_and_single_process(np_):
     steps = 6
     res = results(run_worker(np_, "ddp_train.py", "--steps", steps, timeout=240, env=ENV))
+    check_ddp(res, np_, steps)
+
+
+def check_ddp(res, np_, steps):
+    """Checks the reports of ddp_train.py --mode plain (also used by
+    test_ddp_torchrun.py): kolo and gloo against single-process training,
+    every loss of every rank and every parameter after every step."""
     runs, per_step = split(res)
-    ref_params, ref_losses = ref_training([steps] * np_, np_, steps=steps)
+    ref_params, ref_losses = C.ref_training(torch, [steps] * np_, np_)
     for b in ("kolo", "gloo"):
         assert sorted(per_step[b]) == list(range(steps))
         for s in range(steps):  # every parameter after every step, rank 0
@@ -244,7 +225,7 @@ def test_ddp_matches_gloo_and_single_process(np_):
             assert o["pg"] == b
             np.testing.assert_allclose(o["losses"], ref_losses[r], rtol=0, atol=2e-6)
             for s in range(steps):  # every rank holds the same parameters
-                np.testing.assert_allclose(o["projections"][s], project(ref_params[s]),
+                np.testing.assert_allclose(o["projections"][s], C.project(ref_params[s]),
                                            rtol=0, atol=1e-4)
     for r in range(np_):
         k, g = runs[("kolo", r)], runs[("gloo", r)]
@@ -260,8 +241,8 @@ def test_ddp_join_uneven_inputs():
                              timeout=240, env=ENV))
     runs, per_step = split(res)
     counts = [steps + r for r in range(size)]  # rank r has steps + r batches
-    ref_params, ref_losses = ref_training(counts, size, steps=steps)
-    final = project(ref_params[-1])  # the last joiner's model, synced to all by join()
+    ref_params, ref_losses = C.ref_training(torch, counts, size)
+    final = C.project(ref_params[-1])  # the last joiner's model, synced to all by join()
     for b in ("kolo", "gloo"):
         for r in range(size):
             o = runs[(b, r)]
@@ -312,8 +293,11 @@ def test_elastic_example_survives_a_killed_worker():
     ref = kolorun_ref(common)
     proc = kolorun(3, [PYTHON, EXAMPLE, *common, "--kill-at", 40, "--kill-rank", 1,
                        "--hold-for-size", 3],
-                   launcher_args=["--min-np", 2, "--max-np", 4, "--restart-failed",
-                                  "--max-restarts", 1],
+                   # max-np 3 and a long settle: the first round waits for all three
+                   # workers however slowly they start (a round of 2 would also be
+                   # right, but the history asserted below would differ)
+                   launcher_args=["--min-np", 2, "--max-np", 3, "--settle-ms", 5000,
+                                  "--restart-failed", "--max-restarts", 1],
                    timeout=300, env={**ENV, "KOLO_HEARTBEAT_MS": 300})
     out = proc.stdout
     assert "killing myself" in out and "started replacement" in proc.stderr + out

@@ -1,13 +1,14 @@
 """Every collective of the kolo c10d backend next to the same call on gloo.
 
-Run under kolorun: the default group is kolo (kolo://) and a gloo group of
-the same ranks is made with new_group(backend="gloo") (its rendezvous goes
-through KoloStore's set/get, i.e. the rendezvous server's KV store). For
+Under kolorun the default group is kolo (kolo://) and a gloo group of the
+same ranks is made with new_group(backend="gloo") (its rendezvous goes
+through KoloStore's set/get, i.e. the rendezvous server's KV store); with
+--launcher env (torchrun) the default group is kolo over env://. For
 every case and dtype each rank reports what kolo and gloo computed (or the
 error they raised); the test recomputes the inputs (ddp_common.case_input),
 compares kolo with a float64 numpy reference and with gloo."""
 
-import sys
+import argparse
 
 import torch
 import torch.distributed as dist
@@ -16,10 +17,15 @@ import kolo.torch.distributed  # noqa: F401 - registers the backend
 from _common import report
 from ddp_common import DTYPES, N, OPS, as_list, case_input, seed_of
 
+p = argparse.ArgumentParser()
+p.add_argument("--launcher", default="kolorun", choices=["kolorun", "env"])
+args = p.parse_args()
 torch.set_num_threads(1)
-mode = sys.argv[1] if len(sys.argv) > 1 else "all"
 
-dist.init_process_group("kolo", init_method="kolo://")
+if args.launcher == "kolorun":
+    dist.init_process_group("kolo", init_method="kolo://")
+else:  # torchrun: env://, kolo bootstrapped through torch's TCPStore
+    dist.init_process_group("kolo")
 rank, size = dist.get_rank(), dist.get_world_size()
 gloo = dist.new_group(backend="gloo")
 GROUPS = {"kolo": None, "gloo": gloo}
@@ -44,7 +50,7 @@ def case(name, d, fn):
     report({"case": name, "dtype": d, "rank": rank, "size": size, **both(fn)})
 
 
-for d in DTYPES if mode == "all" else []:
+for d in DTYPES:
     for op in OPS:
         def allreduce(g, op=op):
             y = inp(f"allreduce.{op}", d).clone()

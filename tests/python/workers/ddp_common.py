@@ -79,3 +79,38 @@ def shard(step, rank, size, batch, n):
     idx = [(start + i) % n for i in range(batch)]
     per = batch // size
     return idx[rank * per:(rank + 1) * per]
+
+
+def ref_training(torch, steps_per_rank, size, batch=24, hidden=16):
+    """Single-process training over the batches of a DDP run where rank r
+    trains steps_per_rank[r] steps: the loss at step s is the sum over the
+    ranks still training of their shard's mean loss, divided by the initial
+    world size (DDP's gradient average, join() included). Returns (params
+    after each step, {rank: [loss at each of its steps]})."""
+    x, y = (torch.from_numpy(a) for a in dataset())
+    model = make_model(torch, seed=0, hidden=hidden)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    params, losses = [], {r: [] for r in range(size)}
+    for s in range(max(steps_per_rank)):
+        total = 0
+        for r in range(size):
+            if s < steps_per_rank[r]:
+                idx = shard(s, r, size, batch, len(y))
+                loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+                losses[r].append(loss.item())
+                total = total + loss
+        opt.zero_grad()
+        (total / size).backward()
+        opt.step()
+        params.append(flat_params(torch, model))
+    return params, losses
+
+
+PROJ = np.random.default_rng(7).normal(size=(3, 2000))
+
+
+def project(v):
+    """Three fixed random projections of a parameter vector (what ddp_train
+    reports for every rank and step)."""
+    v = np.asarray(v, dtype=np.float64)
+    return (PROJ[:, :len(v)] @ v).tolist()

@@ -12,14 +12,14 @@ single-process reference (ddp_common). In join mode rank r has steps + r
 batches and trains inside DDP's join() context."""
 
 import argparse
+import os
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 import kolo.torch.distributed  # noqa: F401 - registers the backend
 from _common import report
-from ddp_common import dataset, flat_params, make_model, shard
+from ddp_common import dataset, flat_params, make_model, project, shard
 
 p = argparse.ArgumentParser()
 p.add_argument("--launcher", default="kolorun", choices=["kolorun", "env"])
@@ -27,6 +27,11 @@ p.add_argument("--mode", default="plain", choices=["plain", "join"])
 p.add_argument("--steps", type=int, default=6)
 p.add_argument("--batch", type=int, default=24)
 p.add_argument("--hidden", type=int, default=16)
+p.add_argument("--reinit", action="store_true",
+               help="then destroy the group, make it again and allreduce once more")
+p.add_argument("--reinit-port", type=int, default=0,
+               help="env://: MASTER_PORT of the second group (torch 1.13 cannot reopen "
+                    "rank 0's TCPStore on the same port reliably, whatever the backend)")
 args = p.parse_args()
 torch.set_num_threads(1)
 
@@ -38,12 +43,10 @@ rank, size = dist.get_rank(), dist.get_world_size()
 gloo = dist.new_group(backend="gloo")
 x_all, y_all = (torch.from_numpy(a) for a in dataset())
 n = len(y_all)
-proj = torch.from_numpy(np.random.default_rng(7).normal(size=(3, 2000)))
 
 
 def projections(model):
-    v = torch.tensor(flat_params(torch, model), dtype=torch.float64)
-    return (proj[:, :len(v)] @ v).tolist()
+    return project(flat_params(torch, model))
 
 
 def train(group):
@@ -79,3 +82,11 @@ for backend, group in (("kolo", None), ("gloo", gloo)):
     report({"backend": backend, "rank": rank, "size": size, "mode": args.mode,
             "pg": dist.get_backend(group), **train(group)})
 dist.destroy_process_group()
+if args.reinit:  # a new kolo comm (env://: bootstrapped again through the store)
+    if args.reinit_port:
+        os.environ["MASTER_PORT"] = str(args.reinit_port)
+    dist.init_process_group("kolo", init_method="kolo://" if args.launcher == "kolorun" else None)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    report({"rank": rank, "reinit": t.item(), "size": dist.get_world_size()})
+    dist.destroy_process_group()
