@@ -304,7 +304,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         accumulation is incomplete (fewer backward passes than
         ``backward_passes_per_step``) are reduced as they are. Raises
         HorovodInternalError (kolo.MembershipError) when the job's membership
-        changed."""
+        changed.
+
+        With ``groups``, a group whose allreduce has not started (a member
+        got no gradient, or fewer backward passes than configured) is
+        reduced as a group too, so that its names match those of the ranks
+        where it started from the hooks."""
+        if self._groups is not None:
+            for group in self._group_counts:
+                if group in self._handles:
+                    continue
+                for gp in group:
+                    self._handles.pop(gp, None)
+                self._handles[group] = self._grouped_allreduce_grad_async(group)
+                self._group_counts[group] = 0
         completed: set = set()
         for key in self._handles:
             if isinstance(key, tuple):
