@@ -807,6 +807,17 @@ static void stall_fail(void *arg, const char *name)
 	kolo_negotiator_fail_name(s->e->neg, name, KOLO_ETIMEDOUT, why);
 }
 
+static void mismatch_fail(void *arg, const char *name)
+{
+	struct stall_ctx *s = arg;
+	char why[KOLO_ERRBUF_SIZE];
+	snprintf(why, sizeof(why),
+	         "ranks disagree about operation names: every rank waits for a name that others "
+	         "have not submitted (for more than %g s); missing: %.300s",
+	         s->e->cfg.stall_check_s, s->report);
+	kolo_negotiator_fail_name(s->e->neg, name, KOLO_EMISMATCH, why);
+}
+
 static void stall_inspect(struct kolo_engine *e, uint64_t now)
 {
 	if (e->rank != 0 || !e->cfg.stall_check)
@@ -824,6 +835,13 @@ static void stall_inspect(struct kolo_engine *e, uint64_t now)
 			if (e->cfg.stall_hook)
 				e->cfg.stall_hook(e->cfg.stall_hook_arg, rep);
 			e->last_stall_warn_ns = now;
+			/* Nobody can progress: fail the stalled names everywhere
+			 * instead of waiting forever (Horovod's hang). */
+			if (kolo_negotiator_deadlocked(e->neg, now, warn_ns)) {
+				struct stall_ctx s = {.e = e};
+				snprintf(s.report, sizeof(s.report), "%.1000s", rep);
+				kolo_negotiator_stalled(e->neg, now, warn_ns, mismatch_fail, &s);
+			}
 		}
 	}
 	if (e->cfg.stall_shutdown_s > 0) {

@@ -140,6 +140,11 @@ kolo_status_t kolo_negotiator_decide(struct kolo_negotiator *n, const uint8_t *b
  * returns the number of stalled names. */
 size_t kolo_negotiator_stall_report(const struct kolo_negotiator *n, uint64_t now_ns,
                                     uint64_t min_age_ns, char *buf, size_t size);
+/* true when every rank that has not joined waits on a name stalled for at
+ * least min_age_ns that some other rank has not submitted: the ranks wait on
+ * different names, and none can complete until a rank submits more. */
+bool kolo_negotiator_deadlocked(const struct kolo_negotiator *n, uint64_t now_ns,
+                                uint64_t min_age_ns);
 /* Calls fn for every name pending for at least min_age_ns. */
 void kolo_negotiator_stalled(const struct kolo_negotiator *n, uint64_t now_ns, uint64_t min_age_ns,
                              void (*fn)(void *arg, const char *name), void *arg);

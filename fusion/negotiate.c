@@ -1162,6 +1162,22 @@ static size_t collect_stalled(const struct kolo_negotiator *n, uint64_t now, uin
 	return cnt;
 }
 
+bool kolo_negotiator_deadlocked(const struct kolo_negotiator *n, uint64_t now_ns,
+                                uint64_t min_age_ns)
+{
+	struct stall_name *v;
+	size_t cnt = collect_stalled(n, now_ns, min_age_ns, &v);
+	bool all_waiting = cnt > 0;
+	for (int r = 0; r < n->size && all_waiting; r++) {
+		bool waits = n->joined[r];
+		for (size_t i = 0; i < cnt && !waits; i++)
+			waits = v[i].has[r];
+		all_waiting = waits;
+	}
+	free(v);
+	return all_waiting;
+}
+
 void kolo_negotiator_stalled(const struct kolo_negotiator *n, uint64_t now_ns, uint64_t min_age_ns,
                              void (*fn)(void *arg, const char *name), void *arg)
 {

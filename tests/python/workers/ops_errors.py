@@ -1,8 +1,8 @@
 """kolo.torch's refusals and mismatch errors, and that the job goes on
 after each of them.
 
-Run with KOLO_STALL_SHUTDOWN_SECONDS set (the name-mismatch case waits for
-it). Each case reports {"case", "ok", "detail"}; the last report is
+Run with a short KOLO_STALL_CHECK_SECONDS (the name-mismatch case is
+detected by the stall inspector after that long). Each case reports {"case", "ok", "detail"}; the last report is
 {"cases": n, "final": ...}.
 """
 
@@ -96,11 +96,12 @@ run("mismatch/reducescatter_shape",
 
 
 def name_mismatch():
-    # Each rank waits for a name the others never submit: a stall, failed
-    # on every rank after KOLO_STALL_SHUTDOWN_SECONDS, naming the ranks.
+    # Each rank waits for a name the others never submit: nobody can
+    # progress, so the stall inspector fails it on every rank with a
+    # MismatchError naming the ranks (KOLO_STALL_SHUTDOWN_SECONDS is unset).
     t0 = time.monotonic()
-    d = expect(kolo.Error, lambda: hvd.allreduce(torch.ones(2), name=f"mm.name.{R}"),
-               "stalled", every_rank=True)
+    d = expect(kolo.MismatchError, lambda: hvd.allreduce(torch.ones(2), name=f"mm.name.{R}"),
+               "disagree about operation names", every_rank=True)
     took = time.monotonic() - t0
     if d is None and took > 60:
         d = f"took {took:.1f} s"
