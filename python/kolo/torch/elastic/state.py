@@ -49,6 +49,7 @@ class State:
         self._rank = get_rank or mpi_ops.rank
         self._reset_callbacks: List[Callable[[], Any]] = []
         self._commit: Optional[kolo.Commit] = None
+        self._commit_comm: Any = None
 
     def register_reset_callbacks(self, callbacks: Sequence[Callable[[], Any]]) -> None:
         """Functions (no arguments) called on every rank after each re-form,
@@ -71,17 +72,22 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """One 8-byte allreduce: raises HostsUpdatedInterrupt on every rank
-        when workers wait to join or one leaves (SIGTERM). In a job that is
-        not elastic it does nothing. Raises HorovodInternalError
-        (kolo.MembershipError) when a peer failed."""
-        if self._commit is None:
+        """One 8-byte allreduce, called by every rank at the same point:
+        raises HostsUpdatedInterrupt on every rank when workers wait to join
+        or one leaves (SIGTERM, kolo.elastic_leave()); a peer failure seen
+        by this allreduce raises it too (see ``run``). In a job that is not
+        elastic it does nothing (no collective)."""
+        comm = kolo._get()
+        if self._commit is None or self._commit_comm is not comm:
+            # A new comm (after shutdown() and init()): a new commit point.
             self._commit = kolo.Commit()
+            self._commit_comm = comm
         if self._commit.check():
             raise HostsUpdatedInterrupt(False, left=self._commit.left())
 
     def _left(self) -> bool:
-        return self._commit is not None and self._commit.left()
+        return (self._commit is not None and self._commit_comm is kolo._comm and
+                self._commit.left())
 
     def save(self) -> None:
         raise NotImplementedError()
