@@ -401,6 +401,8 @@ class ProcessGroupKolo(dist.ProcessGroup):
         drained = self._drain(timeout_s)
         self._closed = why
         self._queue.put(None)
+        if drained:
+            self._thread.join(5.0)
         return drained
 
     # -- collectives --
@@ -990,7 +992,22 @@ def _create(opts: Any, pg_options: Any = None) -> ProcessGroupKolo:
     pg = ProcessGroupKolo(rank, size, str(opts.group_id), opts.timeout)
     with _lock:
         _groups.append(pg)
+        global _groups_hook
+        if not _groups_hook:  # registered after kolo's own: runs before its finalize
+            _groups_hook = True
+            atexit.register(_stop_groups)
     return pg
+
+
+_groups_hook = False
+
+
+def _stop_groups() -> None:
+    """At interpreter exit: lets the operations in flight complete and stops
+    the completion threads, so that none runs Python code while the
+    interpreter is finalized."""
+    for pg in _kolo_groups():
+        pg._shutdown("stopped at interpreter exit", min(_timeout_s(pg._timeout), 30.0))
 
 
 def _kolo_groups() -> List[ProcessGroupKolo]:
