@@ -14,7 +14,10 @@ replacement, which joins at the survivors' next commit point and starts from
 rank 0's model and optimizer state. (--hold-for-size 3 makes the survivors
 wait for it at that commit point, so that the run always shows the join.)
 A worker can also be added by hand with a second kolorun against the same
-external rendezvous server (docs/elastic.md).
+external rendezvous server (docs/elastic.md). ``--term-at S --term-rank R``
+makes rank R send itself SIGTERM at step S instead (a spot reclaim): it
+leaves the job at its next commit point and exits 0, and the others re-form
+at once without rolling back.
 
 Every rank's share of a step depends only on the step, its rank and the
 world size (the global batch of 24 splits evenly over 2, 3 or 4 ranks), so
@@ -50,6 +53,9 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--kill-at", type=int, default=-1, help="step at which --kill-rank dies")
     p.add_argument("--kill-rank", type=int, default=1)
+    p.add_argument("--term-at", type=int, default=-1,
+                   help="step at which --term-rank sends itself SIGTERM (a graceful leave)")
+    p.add_argument("--term-rank", type=int, default=2)
     p.add_argument("--hold-for-size", type=int, default=0,
                    help="after the job shrank, wait at the next commit point (at most "
                         "--hold-timeout s) until it has this many workers again")
@@ -129,6 +135,7 @@ def main():
         rank, size = dist.get_rank(), dist.get_world_size()
         if "me" not in victim:  # the first start of this process decides (a replacement never)
             victim["me"] = kolo.round() == 1 and rank == args.kill_rank
+            victim["leaver"] = kolo.round() == 1 and rank == args.term_rank
         print(f"round {kolo.round()}: rank {rank} of {size}, from step {state.step}", flush=True)
         if not state.sizes or state.sizes[-1][1] != size:
             state.sizes = state.sizes + [[state.step, size]]
@@ -139,6 +146,11 @@ def main():
             if victim["me"] and state.step == args.kill_at:
                 print(f"step {state.step}: killing myself (SIGKILL)", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if victim["leaver"] and state.step == args.term_at:
+                print(f"step {state.step}: SIGTERM to myself (leaving at the next commit)",
+                      flush=True)
+                victim["leaver"] = False
+                os.kill(os.getpid(), signal.SIGTERM)
             loss.backward()
             opt.step()
             state.step += 1

@@ -157,7 +157,10 @@ def check_collectives(res, np_):
             if case == "objects":
                 want_got = [{"rank": q, "s": "x" * (q + 1)} for q in range(np_)]
                 want_b = [{"from": np_ - 1, "list": list(range(np_ + 2))}, (np_ - 1) * 10]
-                assert o["kolo"] == [want_got, want_b] == o["gloo"]
+                want_gathered = [["g", q] for q in range(np_)] if rank == 0 else None
+                want = [want_got, want_b, want_gathered, {"to": rank}]
+                assert o["kolo"] == want, o["kolo"]
+                assert o["gloo"] == want, o["gloo"]
                 continue
             if case == "barrier":
                 assert o["kolo"] is True and o["gloo"] is True
@@ -233,6 +236,17 @@ def check_ddp(res, np_, steps):
         assert k["projections"] == runs[("kolo", 0)]["projections"]  # bitwise across ranks
     for s in range(steps):
         np.testing.assert_allclose(per_step["kolo"][s], per_step["gloo"][s], rtol=0, atol=2e-6)
+
+
+def test_ddp_zero_redundancy_optimizer():
+    np_, steps = 2, 4
+    res = results(run_worker(np_, "ddp_train.py", "--optimizer", "zero", "--steps", steps,
+                             timeout=240, env=ENV))
+    check_ddp(res, np_, steps)  # sharded SGD computes what plain SGD does
+    runs, _ = split(res)
+    k, g = runs[("kolo", 0)], runs[("gloo", 0)]
+    assert k["zero_state"] == g["zero_state"] == [0, 1, 2, 3]  # all 4 parameters' state
+    np.testing.assert_allclose(k["zero_momentum"], g["zero_momentum"], rtol=0, atol=2e-6)
 
 
 def test_ddp_join_uneven_inputs():
@@ -313,6 +327,24 @@ def test_elastic_example_survives_a_killed_worker():
     params = [o["params"] for o in reports if o["params"] is not None]
     assert len(params) == 1
     np.testing.assert_allclose(params[0], ref, rtol=0, atol=2e-5)
+
+
+def test_elastic_example_graceful_leave():
+    common = ["--hidden", 16, "--steps", 80, "--report"]
+    ref = kolorun_ref(common)
+    proc = kolorun(3, [PYTHON, EXAMPLE, *common, "--term-at", 30, "--term-rank", 2],
+                   launcher_args=["--min-np", 2, "--max-np", 3, "--settle-ms", 5000],
+                   timeout=300, env={**ENV, "KOLO_HEARTBEAT_MS": 300})
+    assert proc.returncode == 0  # the leaver exits 0 too
+    assert "[2] left the job (SIGTERM)" in proc.stdout
+    reports = [json.loads(line.split("KOLO-RESULT ", 1)[1]) for line in proc.stdout.splitlines()
+               if "KOLO-RESULT " in line]
+    assert len(reports) == 2
+    for o in reports:
+        assert o["size"] == 2 and o["step"] == 80 and len(set(o["hashes"])) == 1
+        assert o["sizes"] == [[0, 3], [31, 2]]  # left at the commit after step 30: no rollback
+    params = [o["params"] for o in reports if o["params"] is not None][0]
+    np.testing.assert_allclose(params, ref, rtol=0, atol=2e-5)
 
 
 def kolorun_ref(common):

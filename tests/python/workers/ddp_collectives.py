@@ -153,7 +153,13 @@ def objects(g):
     dist.all_gather_object(got, {"rank": rank, "s": "x" * (rank + 1)}, group=g)
     b = [{"from": rank, "list": list(range(rank + 3))}, rank * 10]
     dist.broadcast_object_list(b, src=size - 1, group=g)
-    return [got, b]
+    gathered = [None] * size if rank == 0 else None
+    dist.gather_object(("g", rank), gathered, dst=0, group=g)
+    mine = [None]
+    src = size - 1
+    dist.scatter_object_list(mine, [{"to": j} for j in range(size)] if rank == src else None,
+                             src=src, group=g)
+    return [got, b, gathered, mine[0]]
 
 
 case("objects", "none", objects)

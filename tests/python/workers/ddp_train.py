@@ -24,6 +24,8 @@ from ddp_common import dataset, flat_params, make_model, project, shard
 p = argparse.ArgumentParser()
 p.add_argument("--launcher", default="kolorun", choices=["kolorun", "env"])
 p.add_argument("--mode", default="plain", choices=["plain", "join"])
+p.add_argument("--optimizer", default="sgd", choices=["sgd", "zero"],
+               help="zero: torch's ZeroRedundancyOptimizer over SGD (sharded state, broadcasts)")
 p.add_argument("--steps", type=int, default=6)
 p.add_argument("--batch", type=int, default=24)
 p.add_argument("--hidden", type=int, default=16)
@@ -52,7 +54,12 @@ def projections(model):
 def train(group):
     model = make_model(torch, seed=0, hidden=args.hidden)
     ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if args.optimizer == "zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
+                                      process_group=group, lr=0.1, momentum=0.9)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     steps = args.steps + (rank if args.mode == "join" else 0)
     losses, projs = [], []
     name = "kolo" if group is None else "gloo"
@@ -75,7 +82,15 @@ def train(group):
     else:
         for s in range(steps):
             step(s)
-    return {"losses": losses, "projections": projs, "final": projections(model)}
+    out = {"losses": losses, "projections": projs, "final": projections(model)}
+    if args.optimizer == "zero":  # gathers every rank's shard of the state on rank 0
+        opt.consolidate_state_dict(to=0)
+        if rank == 0:
+            st = opt.state_dict()["state"]
+            out["zero_state"] = sorted(int(k) for k in st)
+            out["zero_momentum"] = torch.cat([st[k]["momentum_buffer"].reshape(-1).double()
+                                              for k in sorted(st)]).tolist()
+    return out
 
 
 for backend, group in (("kolo", None), ("gloo", gloo)):
