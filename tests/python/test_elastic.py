@@ -10,6 +10,7 @@ trained on exactly once per epoch (counted into the committed state, so a
 step lost or applied twice shows), and that the model converged to the
 regression's exact solution."""
 
+import contextlib
 import json
 import os
 import queue
@@ -270,6 +271,16 @@ class Job:
         pytest.fail(f"{why}: {self.cmd}\nstdout:\n{''.join(self.out)[-5000:]}\n"
                     f"stderr:\n{''.join(self.err)[-8000:]}")
 
+    @contextlib.contextmanager
+    def explained(self, *others):
+        """Failed checks inside show this job's (and others') output."""
+        try:
+            yield
+        except AssertionError as e:
+            for o in others:
+                self.err += ["---- other kolorun:\n"] + o.err
+            self.fail(f"check failed: {e}")
+
     def of(self, ev, pid=None):
         return [e for e in self.all if e["ev"] == ev and (pid is None or e["pid"] == pid)]
 
@@ -351,6 +362,12 @@ def _check_training(jobs, size, schedule):
 FULL_START = ["--start-size", "4"]
 
 
+def _resets(job, pid):
+    """(size, step) of the re-forms worker ``pid`` went through once
+    training had begun (those at step 0 are late starters joining)."""
+    return [(r["size"], r["step"]) for r in job.of("reset", pid) if r["step"] > 0]
+
+
 def _paused_after_all_stepped(job, n):
     """Waits until all n workers have applied step S+1's update (not yet
     committed) and the victim is blocked after it (the others then wait for
@@ -382,14 +399,14 @@ def test_sigkill_mid_run(tmp_path):
     finally:
         job.kill()
     victim = ev["pid"]
-    assert rc == 0, job.err[-20:]
-    assert any(f"killed by signal {signal.SIGKILL}" in line for line in job.err)
-    assert not job.of("done", victim)
-    done = _check_training([job], 3, (4, 8, 3))
-    for e in done:
-        assert len(job.of("restore", e["pid"])) == 1, "a survivor did not restore once"
-        # (A reset to size 4 before training is a late starter joining.)
-        assert [r["size"] for r in job.of("reset", e["pid"]) if r["size"] != 4] == [3]
+    with job.explained():
+        assert rc == 0
+        assert any(f"killed by signal {signal.SIGKILL}" in line for line in job.err)
+        assert not job.of("done", victim)
+        done = _check_training([job], 3, (4, 8, 3))
+        for e in done:
+            assert len(job.of("restore", e["pid"])) == 1, "a survivor did not restore once"
+            assert _resets(job, e["pid"]) == [(3, 8)]
 
 
 def test_sigterm_leaves_gracefully(tmp_path):
@@ -410,15 +427,16 @@ def test_sigterm_leaves_gracefully(tmp_path):
     finally:
         job.kill()
     leaver = ev["pid"]
-    assert rc == 0, job.err[-20:]
-    assert not [line for line in job.err if "exited with status" in line or
-                "killed by signal" in line], job.err[-20:]
-    assert [e["code"] for e in job.of("left", leaver)] == [0]
-    assert not job.of("done", leaver)
-    assert not job.of("restore"), "a worker restored: the leave was seen as a failure"
-    done = _check_training([job], 3, (4, 9, 3))
-    for e in done:
-        assert [r["size"] for r in job.of("reset", e["pid"]) if r["size"] != 4] == [3]
+    with job.explained():
+        assert rc == 0
+        assert not [line for line in job.err if "exited with status" in line or
+                    "killed by signal" in line]
+        assert [e["code"] for e in job.of("left", leaver)] == [0]
+        assert not job.of("done", leaver)
+        assert not job.of("restore"), "a worker restored: the leave was seen as a failure"
+        done = _check_training([job], 3, (4, 9, 3))
+        for e in done:
+            assert _resets(job, e["pid"]) == [(3, 9)]
 
 
 @pytest.fixture
@@ -462,11 +480,11 @@ def test_worker_joins_mid_run(server):
         job.kill()
         if joiner is not None:
             joiner.kill()
-    assert (rc, rc_join) == (0, 0), (job.err[-20:], joiner.err[-20:])
-    assert (start["rank"], start["size"]) == (3, 4)
-    assert not job.of("restore") and not joiner.of("restore")
-    done = _check_training([job, joiner], 4, (3, 6, 4))
-    for e in done:
-        if e["pid"] != start["pid"]:
-            # (A reset to size 3 before training is a late starter joining.)
-            assert [r["size"] for r in job.of("reset", e["pid"]) if r["size"] != 3] == [4]
+    with job.explained(joiner):
+        assert (rc, rc_join) == (0, 0)
+        assert (start["rank"], start["size"]) == (3, 4)
+        assert not job.of("restore") and not joiner.of("restore")
+        done = _check_training([job, joiner], 4, (3, 6, 4))
+        for e in done:
+            if e["pid"] != start["pid"]:
+                assert _resets(job, e["pid"]) == [(4, 6)]

@@ -21,7 +21,8 @@ that the test acts on them:
   {"ev": "waiting", "step"}                        rank 0 before step S+1 while
       the size is below K: every member polls the commit point until a
       joiner is admitted
-  {"ev": "restore"} / {"ev": "reset", "size", "rank"}
+  {"ev": "restore"} / {"ev": "reset", "size", "rank", "step"}  ("step": this
+      worker's step when the callback runs, before the sync)
   {"ev": "left"}                                   this worker left (exit 0)
   {"ev": "done", "params", "epochs", "loss", ...}  the end
 "epochs" holds, for every epoch, how many times each sample index was in a
@@ -95,7 +96,8 @@ def main():
     state = Reporting(model, opt, sampler=sampler, epoch=0, step=0, counts=[0] * SAMPLES,
                       epochs=[])
     state.register_reset_callbacks([lambda: report({"ev": "reset", "size": hvd.size(),
-                                                    "rank": hvd.rank(), "pid": os.getpid()})])
+                                                    "rank": hvd.rank(), "pid": os.getpid(),
+                                                    "step": state.step})])
     stepped = []
 
     def wait_for_size(state, k, announce=False):
