@@ -98,9 +98,7 @@ BACKEND = "kolo"
 SCHEME = "kolo"
 
 _DEFAULT_TIMEOUT = _c10d.default_pg_timeout
-_C10D_FILE = os.path.realpath(_c10d.__file__)
-if _C10D_FILE.endswith((".pyc", ".pyo")):
-    _C10D_FILE = _C10D_FILE[:-1]
+_C10D_FILE = _c10d.all_reduce.__code__.co_filename  # the string its frames carry
 
 # Python halves of the trampoline objects (stores, groups) stay referenced
 # here: once only C++ holds one, pybind11 lets its Python half go and a call
@@ -287,7 +285,7 @@ def _called_from_c10d() -> bool:
         f = sys._getframe(3)
     except ValueError:
         return False
-    return f is not None and os.path.realpath(f.f_code.co_filename) == _C10D_FILE
+    return f is not None and f.f_code.co_filename == _C10D_FILE
 
 
 # ---- the process group ------------------------------------------------------
