@@ -610,7 +610,7 @@ static void t_late(int victim, bool pod, int abort_rank)
 
 static void t_clean(void)
 {
-	static const char *const env[] = {"FAILURE_WORKER_LINGER=2:1500", NULL};
+	static const char *const env[] = {"FAILURE_WORKER_LINGER=2:3000", NULL};
 	memcpy(extra_env, env, sizeof(env));
 	worker_args[1] = "20";
 	server_start(0, 4, 4);
@@ -627,9 +627,10 @@ static void t_clean(void)
 		EXPECT(w->step == 19 && !w->failed && !w->wrong, "rank %d: step %" PRId64, r,
 		       w->step);
 		/* Everyone but rank 2 waited in kolo_finalize() for rank 2, which
-		 * slept 1.5 s after the last allreduce before it got there. */
+		 * slept 3 s after the last allreduce before it got there (2 s
+		 * asserted: a rank may enter its own late on a loaded machine). */
 		if (r != 2)
-			EXPECT(w->finalize_ms >= 1000,
+			EXPECT(w->finalize_ms >= 2000,
 			       "rank %d's finalize returned after %" PRId64
 			       " ms, before rank 2 reached its own",
 			       r, w->finalize_ms);
