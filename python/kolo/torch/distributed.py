@@ -1188,15 +1188,23 @@ def elastic_run(train: Callable[..., Any], state: ElasticState, *args: Any,
     (SIGTERM; it should then exit 0). Other exceptions propagate."""
     limit = int(os.environ.get("KOLO_ELASTIC_RESET_LIMIT", "0") or 0)
     resets = 0
+    since: Optional[tuple] = None  # (monotonic time, why) of the last re-form's cause
     while True:
         restore = True
         mark = _failure_count
         try:
             init(timeout)
             state.sync()
+            if since is not None:
+                (log.warning if since[1] == "failure" else log.info)(
+                    "kolo: elastic DDP: training again as rank %d of %d, %.0f ms after the %s",
+                    dist.get_rank(), dist.get_world_size(), 1000 * (time.monotonic() - since[0]),
+                    since[1])
+                since = None
             return train(state, *args, **kwargs)
         except _Reform:
             restore = False
+            log.info("kolo: elastic DDP: a worker joins or leaves; re-forming")
         except kolo.ShutdownError:
             if state._commit is not None and state._commit.left():
                 return None
@@ -1211,6 +1219,8 @@ def elastic_run(train: Callable[..., Any], state: ElasticState, *args: Any,
         if limit and resets >= limit:
             raise RuntimeError(f"kolo: elastic DDP re-formed {resets} times "
                                f"(KOLO_ELASTIC_RESET_LIMIT={limit})")
+        if since is None:
+            since = (time.monotonic(), "failure" if restore else "membership change")
         state._drop_ddp()
         _teardown()
         if restore:
