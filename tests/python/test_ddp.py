@@ -10,8 +10,6 @@ well inside the timeout; and the elastic example must survive a SIGKILLed
 worker, take in its replacement and end with the reference's weights."""
 
 import json
-import math
-import pathlib
 import sys
 
 import numpy as np
