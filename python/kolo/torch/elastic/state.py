@@ -155,40 +155,35 @@ class StateHandler:
         self.save()
 
 
-class ModelStateHandler(StateHandler):
-    """A torch.nn.Module: a deep copy of ``state_dict()``; sync is
-    ``broadcast_parameters(state_dict(), root_rank=0)``."""
+class _StateDictHandler(StateHandler):
+    """A value with ``state_dict()``/``load_state_dict()``: save keeps a deep
+    copy of the state dict, restore loads it back."""
 
-    def __init__(self, model: torch.nn.Module):
-        super().__init__(model)
-        self._saved = copy.deepcopy(model.state_dict())
+    def __init__(self, value):
+        super().__init__(value)
+        self._saved = copy.deepcopy(value.state_dict())
 
     def save(self) -> None:
         self._saved = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
         self.value.load_state_dict(self._saved)
+
+
+class ModelStateHandler(_StateDictHandler):
+    """A torch.nn.Module: a deep copy of ``state_dict()``; sync is
+    ``broadcast_parameters(state_dict(), root_rank=0)``."""
 
     def sync(self) -> None:
         functions.broadcast_parameters(self.value.state_dict(), root_rank=0)
 
 
-class OptimizerStateHandler(StateHandler):
+class OptimizerStateHandler(_StateDictHandler):
     """A torch.optim.Optimizer (a DistributedOptimizer too): a deep copy of
     ``state_dict()``; sync is ``broadcast_optimizer_state(opt, 0)``, which
     first creates lazily made state (Adam's moments) on a worker that has
     none. (After a re-form ``run`` resets every DistributedOptimizer's
     pending allreduces, whether it is in a state or not.)"""
-
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        super().__init__(optimizer)
-        self._saved = copy.deepcopy(optimizer.state_dict())
-
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
 
     def sync(self) -> None:
         functions.broadcast_optimizer_state(self.value, root_rank=0)
