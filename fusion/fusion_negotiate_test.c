@@ -384,6 +384,28 @@ START_TEST(test_stall_report_format)
 }
 END_TEST
 
+/* Ranks that each wait for a name another has not submitted are
+ * deadlocked; a rank that is merely behind (its names are a subset of the
+ * others') is not. */
+START_TEST(test_deadlock)
+{
+	struct sim s;
+	sim_init(&s, 3, 8);
+	submit(&s, 0, "a", ar(KOLO_FLOAT32, 1), 1);
+	submit(&s, 1, "a", ar(KOLO_FLOAT32, 1), 1);
+	sim_cycle_at(&s, 10);
+	ck_assert(!kolo_negotiator_deadlocked(s.neg[0], 100, 50)); /* rank 2 is behind */
+	submit(&s, 2, "b", ar(KOLO_FLOAT32, 1), 1);
+	sim_cycle_at(&s, 20);
+	ck_assert(!kolo_negotiator_deadlocked(s.neg[0], 60, 50)); /* b is too young */
+	ck_assert(kolo_negotiator_deadlocked(s.neg[0], 100, 50));
+	submit(&s, 2, "a", ar(KOLO_FLOAT32, 1), 2);
+	sim_cycle_at(&s, 30);
+	ck_assert(!kolo_negotiator_deadlocked(s.neg[0], 1000, 50)); /* a ran; 0 and 1 are idle */
+	sim_fini(&s);
+}
+END_TEST
+
 START_TEST(test_plan)
 {
 	struct kolo_fusion_item it[] = {
@@ -435,6 +457,7 @@ static Suite *negotiate_suite(void)
 	tcase_add_test(tc, test_fail_name_and_params);
 	tcase_add_test(tc, test_no_cache);
 	tcase_add_test(tc, test_stall_report_format);
+	tcase_add_test(tc, test_deadlock);
 	tcase_add_test(tc, test_plan);
 	suite_add_tcase(s, tc);
 	return s;
