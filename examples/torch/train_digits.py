@@ -231,6 +231,17 @@ def main(argv=None) -> int:
             f"{train_acc:.4f}  test acc {test_acc:.4f}  time {time.perf_counter() - t0:.2f} s")
     say(f"trained {args.epochs} epochs in {time.perf_counter() - start:.2f} s")
 
+    return finish(model, test_acc, args, "train_digits", say, rank_hash=size > 1)
+
+
+def finish(model: torch.nn.Module, test_acc: float, args, name: str, say,
+           rank_hash: bool = True) -> int:
+    """The end of a run, on every rank: checks the stated accuracy and that
+    every rank holds bitwise-identical parameters (an allgather of them),
+    prints this rank's parameter hash (when rank_hash), saves rank 0's
+    model with --save and shuts kolo down. Returns the exit status: 0, 1
+    (accuracy missed) or 2 (replicas differ)."""
+    rank, size = hvd.rank(), hvd.size()
     # Every rank must hold the same bits: gather every rank's parameters.
     flat = flat_parameters(model)
     everyone = hvd.allgather(flat.unsqueeze(0), name="check.parameters")
@@ -250,19 +261,26 @@ def main(argv=None) -> int:
         say(f"parameters bitwise identical on all {size} ranks (sha256 {fingerprint(flat)})")
     else:
         say(f"one rank: nothing to compare (parameters sha256 {fingerprint(flat)})")
-    if size > 1:
-        print(f"train_digits: rank {rank}: parameters sha256 {fingerprint(flat)}", flush=True)
+    if rank_hash:
+        print(f"{name}: rank {rank}: parameters sha256 {fingerprint(flat)}", flush=True)
     if args.save and rank == 0:
         torch.save(model.state_dict(), args.save)
     hvd.shutdown()
     return status
 
 
-if __name__ == "__main__":
+def run_main(main_fn, name: str) -> None:
+    """Runs main_fn and exits with its status; a kolo error is reported
+    with this rank, the job is aborted (the others do not wait for us) and
+    the exit status is 3."""
     try:
-        sys.exit(main())
+        sys.exit(main_fn())
     except kolo.Error as e:
         who = kolo.rank() if kolo.is_initialized() else "?"
-        print(f"train_digits: rank {who}: kolo error: {e}", file=sys.stderr)
+        print(f"{name}: rank {who}: kolo error: {e}", file=sys.stderr)
         kolo.abort()
         sys.exit(3)
+
+
+if __name__ == "__main__":
+    run_main(main, "train_digits")

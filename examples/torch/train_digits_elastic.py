@@ -58,7 +58,6 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-import kolo  # noqa: E402
 import kolo.torch as hvd  # noqa: E402
 
 NAME = "train_digits_elastic"
@@ -206,41 +205,12 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
     train(state)  # a worker that leaves exits 0 in there
-    rank, size = hvd.rank(), hvd.size()
+    size = hvd.size()
     say(f"trained {args.epochs} epochs ({state.step} steps) in "
         f"{time.perf_counter() - start:.2f} s, ending at size {size}")
 
-    flat = plain.flat_parameters(model)
-    everyone = hvd.allgather(flat.unsqueeze(0), name="check.parameters")
-    differ = [r for r in range(size) if not torch.equal(everyone[r], everyone[0])]
-    status = 0
-    if state.test_acc >= args.target:
-        say(f"reached test accuracy {state.test_acc:.4f} >= target {args.target:.2f}")
-    else:
-        say(f"MISSED the target: test accuracy {state.test_acc:.4f} < {args.target:.2f}")
-        status = 1
-    if differ:
-        gap = max((everyone[r] - everyone[0]).abs().max().item() for r in differ)
-        say(f"REPLICAS DIFFER: ranks {differ} hold other parameters than rank 0 (largest "
-            f"difference {gap:.3g})")
-        status = 2
-    elif size > 1:
-        say(f"parameters bitwise identical on all {size} ranks "
-            f"(sha256 {plain.fingerprint(flat)})")
-    else:
-        say(f"one rank: nothing to compare (parameters sha256 {plain.fingerprint(flat)})")
-    print(f"{NAME}: rank {rank}: parameters sha256 {plain.fingerprint(flat)}", flush=True)
-    if args.save and rank == 0:
-        torch.save(model.state_dict(), args.save)
-    hvd.shutdown()
-    return status
+    return plain.finish(model, state.test_acc, args, NAME, say)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except kolo.Error as e:
-        who = kolo.rank() if kolo.is_initialized() else "?"
-        print(f"{NAME}: rank {who}: kolo error: {e}", file=sys.stderr)
-        kolo.abort()
-        sys.exit(3)
+    plain.run_main(main, NAME)
