@@ -8,7 +8,6 @@ reports {"case", "ok", "detail"}; the last report is {"cases": n}.
 """
 
 import sys
-import traceback
 import zlib
 
 import numpy as np
@@ -17,7 +16,7 @@ import torch
 torch.set_num_threads(1)
 
 import kolo.torch as hvd  # noqa: E402
-from _common import report  # noqa: E402
+from _common import Cases, report  # noqa: E402
 
 SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 
@@ -33,7 +32,6 @@ EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23,
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
        "product": hvd.Product}
 
-cases = 0
 
 
 def rng(case, rank):
@@ -100,15 +98,8 @@ def check(case, got, expected, bound=None, dtype=None, shape=None):
     return None
 
 
-def run(case, fn):
-    """Runs one case; fn returns None (pass) or a failure description."""
-    global cases
-    cases += 1
-    try:
-        detail = fn(case)
-    except Exception:
-        detail = "raised: " + traceback.format_exc(limit=4)
-    report({"case": case, "ok": detail is None, "detail": detail})
+CASES = Cases(pass_case=True, limit=4)
+run = CASES.run
 
 
 def first(*details):
@@ -705,5 +696,5 @@ def case_barrier(case):
 
 run("barrier", case_barrier)
 
-report({"cases": cases})
+report({"cases": CASES.count})
 hvd.shutdown()

@@ -8,7 +8,6 @@ detected by the stall inspector after that long). Each case reports {"case", "ok
 
 import re
 import time
-import traceback
 
 import numpy as np
 import torch
@@ -17,21 +16,12 @@ torch.set_num_threads(1)
 
 import kolo  # noqa: E402
 import kolo.torch as hvd  # noqa: E402
-from _common import report  # noqa: E402
+from _common import Cases, report  # noqa: E402
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
-cases = 0
-
-
-def run(case, fn):
-    global cases
-    cases += 1
-    try:
-        detail = fn()
-    except Exception:
-        detail = "raised: " + traceback.format_exc(limit=4)
-    report({"case": case, "ok": detail is None, "detail": detail})
+CASES = Cases(limit=4)
+run = CASES.run
 
 
 def expect(exc, fn, *needles, every_rank=False):
@@ -259,7 +249,7 @@ def timeline():
 
 run("timeline", timeline)
 
-report({"cases": cases, "final": sum_check("final")})
+report({"cases": CASES.count, "final": sum_check("final")})
 hvd.shutdown()
 if hvd.is_initialized():
     raise SystemExit("still initialized after shutdown()")

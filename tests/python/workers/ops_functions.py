@@ -4,7 +4,6 @@ allgather_object, checked against references each rank computes alone
 locally without kolo). Each case reports {"case", "ok", "detail"}; the last
 report is {"cases": n}."""
 
-import traceback
 
 import torch
 from torch import nn
@@ -12,21 +11,12 @@ from torch import nn
 torch.set_num_threads(1)
 
 import kolo.torch as hvd  # noqa: E402
-from _common import report  # noqa: E402
+from _common import Cases, report  # noqa: E402
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
-cases = 0
-
-
-def run(case, fn):
-    global cases
-    cases += 1
-    try:
-        detail = fn()
-    except Exception:
-        detail = "raised: " + traceback.format_exc(limit=5)
-    report({"case": case, "ok": detail is None, "detail": detail})
+CASES = Cases(limit=5)
+run = CASES.run
 
 
 def model(seed):
@@ -250,4 +240,4 @@ def objects_allgather():
 run("broadcast_object", objects_broadcast)
 run("allgather_object", objects_allgather)
 
-report({"cases": cases})
+report({"cases": CASES.count})
