@@ -2,7 +2,7 @@
  * time, over fixed grids, each candidate scored by the median throughput of a
  * few samples (bytes reduced per second of wall time over whole steps).
  * Rationale in docs/fusion.md. */
-#include "fusion.h"
+#include "fusion_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -16,8 +16,8 @@ static const double cyc_grid[] = {0.5, 1.0, 2.0, 5.0, 10.0};
 
 enum { PH_THRESHOLD, PH_CYCLE, PH_DONE };
 
-struct kolo_autotune {
-	struct kolo_autotune_config cfg;
+struct fusion_autotune {
+	struct fusion_autotune_config cfg;
 	FILE *log;
 	int phase;
 	size_t cand; /* index in the current grid */
@@ -26,7 +26,7 @@ struct kolo_autotune {
 	double best_score;
 	uint64_t best_thr;
 	double best_cyc;
-	bool switching; /* waiting for kolo_autotune_applied */
+	bool switching; /* waiting for fusion_autotune_applied */
 	/* the sample being measured */
 	bool started;
 	char *first;
@@ -38,11 +38,11 @@ struct kolo_autotune {
 	int sample_no;
 };
 
-kolo_status_t kolo_autotune_create(const struct kolo_autotune_config *cfg,
-                                   struct kolo_autotune **out)
+kolo_status_t fusion_autotune_create(const struct fusion_autotune_config *cfg,
+                                     struct fusion_autotune **out)
 {
 	*out = NULL;
-	struct kolo_autotune *a = calloc(1, sizeof(*a));
+	struct fusion_autotune *a = calloc(1, sizeof(*a));
 	if (!a)
 		return KOLO_ENOMEM;
 	a->cfg = *cfg;
@@ -78,7 +78,7 @@ kolo_status_t kolo_autotune_create(const struct kolo_autotune_config *cfg,
 	return KOLO_OK;
 }
 
-void kolo_autotune_destroy(struct kolo_autotune *a)
+void fusion_autotune_destroy(struct fusion_autotune *a)
 {
 	if (!a)
 		return;
@@ -91,18 +91,18 @@ void kolo_autotune_destroy(struct kolo_autotune *a)
 	free(a);
 }
 
-bool kolo_autotune_done(const struct kolo_autotune *a)
+bool fusion_autotune_done(const struct fusion_autotune *a)
 {
 	return a->phase == PH_DONE;
 }
 
-void kolo_autotune_best(const struct kolo_autotune *a, uint64_t *threshold, double *cycle_ms)
+void fusion_autotune_best(const struct fusion_autotune *a, uint64_t *threshold, double *cycle_ms)
 {
 	*threshold = a->best_thr;
 	*cycle_ms = a->best_cyc;
 }
 
-static void reset_sample(struct kolo_autotune *a)
+static void reset_sample(struct fusion_autotune *a)
 {
 	a->started = false;
 	free(a->first);
@@ -111,7 +111,7 @@ static void reset_sample(struct kolo_autotune *a)
 	a->steps = 0;
 }
 
-void kolo_autotune_applied(struct kolo_autotune *a, uint64_t now_ns)
+void fusion_autotune_applied(struct fusion_autotune *a, uint64_t now_ns)
 {
 	(void)now_ns;
 	a->switching = false;
@@ -127,7 +127,7 @@ static int cmp_double(const void *x, const void *y)
 }
 
 /* The values of candidate `cand` in the current phase. */
-static void candidate(const struct kolo_autotune *a, uint64_t *thr, double *cyc)
+static void candidate(const struct fusion_autotune *a, uint64_t *thr, double *cyc)
 {
 	if (a->phase == PH_THRESHOLD) {
 		*thr = thr_grid[a->cand];
@@ -138,8 +138,8 @@ static void candidate(const struct kolo_autotune *a, uint64_t *thr, double *cyc)
 	}
 }
 
-bool kolo_autotune_record(struct kolo_autotune *a, const char *name, uint64_t bytes,
-                          uint64_t now_ns, uint64_t *threshold, double *cycle_ms)
+bool fusion_autotune_record(struct fusion_autotune *a, const char *name, uint64_t bytes,
+                            uint64_t now_ns, uint64_t *threshold, double *cycle_ms)
 {
 	if (a->phase == PH_DONE || a->switching)
 		return false;

@@ -7,8 +7,10 @@
  * ordered list of responses from the same data (no coordinator), packs ready
  * allreduces into the fusion buffer and runs them. See docs/fusion.md.
  *
- * The pieces below the engine (negotiator, cache, planner, timeline, autotune)
- * are pure or self-contained so they can be unit-tested without a network. */
+ * This header is what runtime/ uses: the engine, its operations and their
+ * handles. The pieces below the engine (negotiator, record codec, response
+ * cache, planner, timeline, autotune), shared by the files of fusion/ only,
+ * are in fusion_internal.h under the fusion_ prefix. */
 #ifndef KOLO_FUSION_H
 #define KOLO_FUSION_H
 
@@ -21,7 +23,7 @@
 #include "kolo/async.h"
 #include "ring.h"
 
-/* ---- operation kinds and parameters ----------------------------------- */
+/* ---- operation kinds ---------------------------------------------------- */
 
 enum kolo_fusion_kind {
 	KOLO_FK_ALLREDUCE = 1,
@@ -35,193 +37,6 @@ enum kolo_fusion_kind {
 	KOLO_FK_EXCLUSIVE, /* runs a caller's function on the engine thread */
 	KOLO_FK_COUNT
 };
-
-/* "ALLREDUCE", "ALLGATHER", ... (the timeline's activity names). */
-const char *kolo_fusion_kind_name(int kind);
-
-#define KOLO_FUSION_NAME_MAX 4096
-
-/* What one rank says about one named operation. counts is owned. */
-struct kolo_fusion_params {
-	uint8_t kind, dtype, op;
-	int32_t root;
-	double prescale, postscale;
-	uint32_t ncounts;
-	uint64_t *counts;
-};
-
-/* Deep copy / free / equality. */
-kolo_status_t kolo_fusion_params_copy(struct kolo_fusion_params *dst,
-                                      const struct kolo_fusion_params *src);
-void kolo_fusion_params_fini(struct kolo_fusion_params *p);
-bool kolo_fusion_params_equal(const struct kolo_fusion_params *a,
-                              const struct kolo_fusion_params *b);
-/* Sum of counts (the element count of an allreduce, group or alltoall). */
-uint64_t kolo_fusion_params_total(const struct kolo_fusion_params *p);
-
-/* ---- negotiator: the distributed state machine, without the network ---- */
-
-/* One decided operation. For ALLGATHER, p.counts holds every rank's count;
- * for ALLTOALL, size*size entries, row r = rank r's sendcounts. */
-struct kolo_fusion_response {
-	char *name;
-	struct kolo_fusion_params p;
-	kolo_status_t status; /* KOLO_OK, or why the op fails on every rank */
-	char *errmsg;         /* NULL when status == KOLO_OK */
-	int last_rank;        /* JOIN: the last rank to join */
-	bool local;           /* this rank has the op queued (else joined: zeros) */
-	uint64_t local_id;    /* the id given to kolo_negotiator_submit() */
-	int cache_slot;       /* slot it was served from, or -1 */
-};
-
-/* A rank reported a name for the first time (timeline ticks). */
-struct kolo_fusion_tick {
-	const char *name; /* valid until the next decide */
-	int kind;
-	int rank;
-};
-
-/* The outcome of one cycle, identical on every rank (but `local`). */
-struct kolo_fusion_cycle {
-	struct kolo_fusion_response *resp;
-	size_t nresp;
-	struct kolo_fusion_tick *ticks;
-	size_t nticks;
-	bool shutdown;   /* some rank asked to shut down */
-	bool pending;    /* some rank still has an op that is not decided */
-	bool has_params; /* rank 0 sent new tuning values (apply now) */
-	uint64_t fusion_threshold;
-	double cycle_time_ms;
-	uint64_t evictions;  /* cache entries evicted this cycle */
-	uint64_t cache_hits; /* responses served from the cache this cycle */
-};
-void kolo_fusion_cycle_fini(struct kolo_fusion_cycle *c);
-
-struct kolo_negotiator;
-
-/* rank/size of the comm; cache_capacity 0 disables the response cache. */
-kolo_status_t kolo_negotiator_create(int rank, int size, int cache_capacity,
-                                     struct kolo_negotiator **out);
-void kolo_negotiator_destroy(struct kolo_negotiator *n);
-
-/* Registers a local operation (copied). The name must not be pending locally
- * (KOLO_EINVAL). id comes back in the response. */
-kolo_status_t kolo_negotiator_submit(struct kolo_negotiator *n, const char *name,
-                                     const struct kolo_fusion_params *p, uint64_t id);
-/* Local operations not decided yet. */
-size_t kolo_negotiator_local_pending(const struct kolo_negotiator *n);
-/* Removes every local operation, calling fn for each (shutdown / failure). */
-void kolo_negotiator_drain(struct kolo_negotiator *n, void (*fn)(void *arg, uint64_t id),
-                           void *arg);
-
-/* Size in bytes of every rank's control block (the same on all ranks). */
-size_t kolo_negotiator_block_size(const struct kolo_negotiator *n);
-/* Rank 0 only: things to tell every rank in the next message. */
-void kolo_negotiator_set_params(struct kolo_negotiator *n, uint64_t fusion_threshold,
-                                double cycle_time_ms);
-kolo_status_t kolo_negotiator_fail_name(struct kolo_negotiator *n, const char *name,
-                                        kolo_status_t st, const char *why);
-/* Writes this rank's control block (block_size bytes) and a malloc'd message
- * of the requests it has not announced yet (*msg NULL, *msg_len 0 when none).
- * The message length is inside the block. */
-kolo_status_t kolo_negotiator_encode(struct kolo_negotiator *n, bool shutdown, uint8_t *block,
-                                     uint8_t **msg, size_t *msg_len);
-/* Each rank's message length, read from the gathered blocks. */
-uint32_t kolo_negotiator_block_msg_len(const uint8_t *block);
-/* Given every rank's block (size * block_size bytes, in rank order) and
- * message, decides this cycle. now_ns stamps the stall bookkeeping. Fills
- * *out (free with kolo_fusion_cycle_fini). KOLO_EPROTO on a malformed message. */
-kolo_status_t kolo_negotiator_decide(struct kolo_negotiator *n, const uint8_t *blocks,
-                                     const uint8_t *const *msgs, const size_t *msg_lens,
-                                     uint64_t now_ns, struct kolo_fusion_cycle *out);
-
-/* Stall inspector: names reported by some ranks but not all, for at least
- * min_age_ns. Writes "rank 1: [a, b, c, d, e, …]; rank 3: [x]" into buf and
- * returns the number of stalled names. */
-size_t kolo_negotiator_stall_report(const struct kolo_negotiator *n, uint64_t now_ns,
-                                    uint64_t min_age_ns, char *buf, size_t size);
-/* true when every rank that has not joined waits on a name stalled for at
- * least min_age_ns that some other rank has not submitted: the ranks wait on
- * different names, and none can complete until a rank submits more. */
-bool kolo_negotiator_deadlocked(const struct kolo_negotiator *n, uint64_t now_ns,
-                                uint64_t min_age_ns);
-/* Calls fn for every name pending for at least min_age_ns. */
-void kolo_negotiator_stalled(const struct kolo_negotiator *n, uint64_t now_ns, uint64_t min_age_ns,
-                             void (*fn)(void *arg, const char *name), void *arg);
-/* Entries currently in the response cache. */
-size_t kolo_negotiator_cache_size(const struct kolo_negotiator *n);
-
-/* Fills dst with a mismatch description of the ranks' params for `name`, or
- * returns false when they agree. Exposed for tests. */
-bool kolo_fusion_describe_mismatch(const char *name, const struct kolo_fusion_params *const *p,
-                                   const bool *present, int size, char *dst, size_t dstlen);
-
-/* ---- fusion planner ----------------------------------------------------- */
-
-struct kolo_fusion_item {
-	uint8_t dtype, op;
-	double prescale, postscale;
-	uint64_t bytes;
-	bool solo; /* never packed with others */
-};
-
-/* Groups items (in order) into batches of the same dtype/op/scales whose
- * bytes fit in threshold, scanning ahead past items that do not match. An
- * item larger than the threshold, a solo item, or any item when threshold is
- * 0, is a batch of its own. batch_of[i] receives item i's batch number; batches are
- * numbered by their first item. Returns the number of batches. */
-size_t kolo_fusion_plan(const struct kolo_fusion_item *items, size_t n, uint64_t threshold,
-                        size_t *batch_of);
-
-/* ---- timeline ------------------------------------------------------------ */
-
-struct kolo_timeline;
-
-/* Opens path and starts the writer thread. queue_cap bounds the events held
- * in memory; when full, events are dropped (counted), never blocking. */
-kolo_status_t kolo_timeline_create(const char *path, size_t queue_cap, bool mark_cycles,
-                                   struct kolo_timeline **out, struct kolo_errbuf *eb);
-/* Flushes, closes the JSON array and the file. Accepts NULL. */
-void kolo_timeline_destroy(struct kolo_timeline *t);
-/* Events (thread-safe, non-blocking). ts_us is kolo_now_ns()/1000. */
-void kolo_timeline_negotiate_begin(struct kolo_timeline *t, const char *name, int kind,
-                                   uint64_t ts_us);
-void kolo_timeline_rank_ready(struct kolo_timeline *t, const char *name, int rank, uint64_t ts_us);
-void kolo_timeline_negotiate_end(struct kolo_timeline *t, const char *name, uint64_t ts_us);
-/* An activity (QUEUE, MEMCPY_IN_FUSION_BUFFER, ALLREDUCE, ...) of a tensor. */
-void kolo_timeline_begin(struct kolo_timeline *t, const char *name, const char *activity,
-                         uint64_t ts_us);
-void kolo_timeline_end(struct kolo_timeline *t, const char *name, uint64_t ts_us);
-void kolo_timeline_mark_cycle(struct kolo_timeline *t, uint64_t ts_us);
-uint64_t kolo_timeline_dropped(const struct kolo_timeline *t);
-
-/* ---- autotune ------------------------------------------------------------ */
-
-struct kolo_autotune_config {
-	uint64_t threshold; /* starting values */
-	double cycle_time_ms;
-	int steps_per_sample;      /* steps measured per sample */
-	int warmup_samples;        /* discarded after each change */
-	int samples_per_candidate; /* median of this many */
-	const char *log_path;      /* CSV, or NULL */
-};
-
-struct kolo_autotune;
-
-kolo_status_t kolo_autotune_create(const struct kolo_autotune_config *cfg,
-                                   struct kolo_autotune **out);
-void kolo_autotune_destroy(struct kolo_autotune *a);
-/* Records that `bytes` of tensor `name` were reduced at now_ns. Returns true
- * when the tuner wants new values (*threshold, *cycle_ms) to be applied from
- * now on; the caller applies them on every rank and calls
- * kolo_autotune_applied() once they are in force. */
-bool kolo_autotune_record(struct kolo_autotune *a, const char *name, uint64_t bytes,
-                          uint64_t now_ns, uint64_t *threshold, double *cycle_ms);
-void kolo_autotune_applied(struct kolo_autotune *a, uint64_t now_ns);
-/* true once the search has finished and the best values are fixed. */
-bool kolo_autotune_done(const struct kolo_autotune *a);
-/* The best values found so far. */
-void kolo_autotune_best(const struct kolo_autotune *a, uint64_t *threshold, double *cycle_ms);
 
 /* ---- the engine ---------------------------------------------------------- */
 

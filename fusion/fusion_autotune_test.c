@@ -4,7 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fusion.h"
+#include "fusion_internal.h"
 #include "testutil.h"
 
 /* Seconds a step takes under (threshold, cycle): best at 16 MiB and 2 ms. */
@@ -22,7 +22,7 @@ START_TEST(test_converges)
 	int fd = mkstemp(path);
 	ck_assert_int_ge(fd, 0);
 	close(fd);
-	struct kolo_autotune_config cfg = {
+	struct fusion_autotune_config cfg = {
 	        .threshold = 128u << 20,
 	        .cycle_time_ms = 1,
 	        .steps_per_sample = 3,
@@ -30,36 +30,36 @@ START_TEST(test_converges)
 	        .samples_per_candidate = 3,
 	        .log_path = path,
 	};
-	struct kolo_autotune *a;
-	ck_assert_int_eq(kolo_autotune_create(&cfg, &a), KOLO_OK);
+	struct fusion_autotune *a;
+	ck_assert_int_eq(fusion_autotune_create(&cfg, &a), KOLO_OK);
 	uint64_t thr = cfg.threshold, now = 1000000000ull;
 	double cyc = cfg.cycle_time_ms;
 	const char *names[] = {"w1", "b1", "w2", "b2"};
 	int changes = 0;
-	for (int step = 0; step < 5000 && !kolo_autotune_done(a); step++) {
+	for (int step = 0; step < 5000 && !fusion_autotune_done(a); step++) {
 		double dt = step_time(thr, cyc) / 4;
 		for (int k = 0; k < 4; k++) {
 			now += (uint64_t)(dt * 1e9);
 			uint64_t nt;
 			double nc;
-			if (kolo_autotune_record(a, names[k], 1000000, now, &nt, &nc)) {
+			if (fusion_autotune_record(a, names[k], 1000000, now, &nt, &nc)) {
 				thr = nt;
 				cyc = nc;
-				kolo_autotune_applied(a, now);
+				fusion_autotune_applied(a, now);
 				changes++;
 			}
 		}
 	}
-	ck_assert(kolo_autotune_done(a));
+	ck_assert(fusion_autotune_done(a));
 	uint64_t bt;
 	double bc;
-	kolo_autotune_best(a, &bt, &bc);
+	fusion_autotune_best(a, &bt, &bc);
 	ck_assert_uint_eq(bt, 16u << 20);
 	ck_assert(bc == 2.0);
 	ck_assert_uint_eq(thr, bt);
 	ck_assert(cyc == bc);
 	ck_assert_int_ge(changes, 13); /* 8 thresholds + 5 cycle times, then the choice */
-	kolo_autotune_destroy(a);
+	fusion_autotune_destroy(a);
 	FILE *f = fopen(path, "r");
 	ck_assert_ptr_nonnull(f);
 	char line[256];

@@ -3,15 +3,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fusion.h"
+#include "fusion_internal.h"
 #include "testutil.h"
 
 #define MAXR 4
 
 struct sim {
 	int n;
-	struct kolo_negotiator *neg[MAXR];
-	struct kolo_fusion_cycle cyc[MAXR];
+	struct fusion_negotiator *neg[MAXR];
+	struct fusion_cycle cyc[MAXR];
 	size_t msg_bytes; /* uncached bytes exchanged in the last cycle */
 };
 
@@ -20,37 +20,39 @@ static void sim_init(struct sim *s, int n, int cap)
 	memset(s, 0, sizeof(*s));
 	s->n = n;
 	for (int r = 0; r < n; r++)
-		ck_assert_int_eq(kolo_negotiator_create(r, n, cap, &s->neg[r]), KOLO_OK);
+		ck_assert_int_eq(fusion_negotiator_create(r, n, cap, &s->neg[r]), KOLO_OK);
 }
 
 static void sim_fini(struct sim *s)
 {
 	for (int r = 0; r < s->n; r++) {
-		kolo_fusion_cycle_fini(&s->cyc[r]);
-		kolo_negotiator_destroy(s->neg[r]);
+		fusion_cycle_fini(&s->cyc[r]);
+		fusion_negotiator_destroy(s->neg[r]);
 	}
 }
 
 static void sim_cycle_at(struct sim *s, uint64_t now)
 {
-	size_t bsz = kolo_negotiator_block_size(s->neg[0]);
+	size_t bsz = fusion_negotiator_block_size(s->neg[0]);
 	uint8_t *blocks = calloc((size_t)s->n, bsz);
 	uint8_t *msgs[MAXR];
 	size_t lens[MAXR];
 	s->msg_bytes = 0;
 	for (int r = 0; r < s->n; r++) {
-		ck_assert_uint_eq(kolo_negotiator_block_size(s->neg[r]), bsz);
-		ck_assert_int_eq(kolo_negotiator_encode(s->neg[r], false, blocks + (size_t)r * bsz,
-		                                        &msgs[r], &lens[r]),
+		ck_assert_uint_eq(fusion_negotiator_block_size(s->neg[r]), bsz);
+		ck_assert_int_eq(fusion_negotiator_encode(s->neg[r], false,
+		                                          blocks + (size_t)r * bsz, &msgs[r],
+		                                          &lens[r]),
 		                 KOLO_OK);
-		ck_assert_uint_eq(kolo_negotiator_block_msg_len(blocks + (size_t)r * bsz), lens[r]);
+		ck_assert_uint_eq(fusion_negotiator_block_msg_len(blocks + (size_t)r * bsz),
+		                  lens[r]);
 		s->msg_bytes += lens[r];
 	}
 	for (int r = 0; r < s->n; r++) {
-		kolo_fusion_cycle_fini(&s->cyc[r]);
-		ck_assert_int_eq(kolo_negotiator_decide(s->neg[r], blocks,
-		                                        (const uint8_t *const *)msgs, lens, now,
-		                                        &s->cyc[r]),
+		fusion_cycle_fini(&s->cyc[r]);
+		ck_assert_int_eq(fusion_negotiator_decide(s->neg[r], blocks,
+		                                          (const uint8_t *const *)msgs, lens, now,
+		                                          &s->cyc[r]),
 		                 KOLO_OK);
 	}
 	/* Every rank decided the same thing, in the same order. */
@@ -59,8 +61,7 @@ static void sim_cycle_at(struct sim *s, uint64_t now)
 		for (size_t i = 0; i < s->cyc[0].nresp; i++) {
 			ck_assert_str_eq(s->cyc[r].resp[i].name, s->cyc[0].resp[i].name);
 			ck_assert_int_eq(s->cyc[r].resp[i].status, s->cyc[0].resp[i].status);
-			ck_assert(kolo_fusion_params_equal(&s->cyc[r].resp[i].p,
-			                                   &s->cyc[0].resp[i].p));
+			ck_assert(fusion_params_equal(&s->cyc[r].resp[i].p, &s->cyc[0].resp[i].p));
 		}
 		ck_assert_int_eq(s->cyc[r].pending, s->cyc[0].pending);
 	}
@@ -76,27 +77,27 @@ static void sim_cycle(struct sim *s)
 
 static uint64_t one_count[1];
 
-static struct kolo_fusion_params ar(kolo_dtype_t dt, uint64_t count)
+static struct fusion_params ar(kolo_dtype_t dt, uint64_t count)
 {
 	static uint64_t counts[64][1];
 	static int next;
 	uint64_t *c = counts[next++ % 64];
 	c[0] = count;
-	return (struct kolo_fusion_params){.kind = KOLO_FK_ALLREDUCE,
-	                                   .dtype = (uint8_t)dt,
-	                                   .op = KOLO_SUM,
-	                                   .prescale = 1,
-	                                   .postscale = 1,
-	                                   .ncounts = 1,
-	                                   .counts = c};
+	return (struct fusion_params){.kind = KOLO_FK_ALLREDUCE,
+	                              .dtype = (uint8_t)dt,
+	                              .op = KOLO_SUM,
+	                              .prescale = 1,
+	                              .postscale = 1,
+	                              .ncounts = 1,
+	                              .counts = c};
 }
 
-static void submit(struct sim *s, int r, const char *name, struct kolo_fusion_params p, uint64_t id)
+static void submit(struct sim *s, int r, const char *name, struct fusion_params p, uint64_t id)
 {
-	ck_assert_int_eq(kolo_negotiator_submit(s->neg[r], name, &p, id), KOLO_OK);
+	ck_assert_int_eq(fusion_negotiator_submit(s->neg[r], name, &p, id), KOLO_OK);
 }
 
-static const struct kolo_fusion_response *find(const struct kolo_fusion_cycle *c, const char *name)
+static const struct fusion_response *find(const struct fusion_cycle *c, const char *name)
 {
 	for (size_t i = 0; i < c->nresp; i++)
 		if (strcmp(c->resp[i].name, name) == 0)
@@ -121,8 +122,8 @@ START_TEST(test_out_of_order)
 	ck_assert_uint_eq(find(&s.cyc[1], "C")->local_id, 13);
 	ck_assert_uint_eq(find(&s.cyc[0], "C")->local_id, 3);
 	ck_assert(s.cyc[0].pending);
-	ck_assert_uint_eq(kolo_negotiator_local_pending(s.neg[0]), 1);
-	ck_assert_uint_eq(kolo_negotiator_local_pending(s.neg[1]), 0);
+	ck_assert_uint_eq(fusion_negotiator_local_pending(s.neg[0]), 1);
+	ck_assert_uint_eq(fusion_negotiator_local_pending(s.neg[1]), 0);
 	submit(&s, 1, "B", ar(KOLO_FLOAT32, 20), 12);
 	sim_cycle(&s);
 	ck_assert_uint_eq(s.cyc[0].nresp, 1);
@@ -143,7 +144,7 @@ START_TEST(test_mismatch_dtype)
 	sim_cycle(&s);
 	for (int r = 0; r < 3; r++) {
 		ck_assert_uint_eq(s.cyc[r].nresp, 1);
-		const struct kolo_fusion_response *x = &s.cyc[r].resp[0];
+		const struct fusion_response *x = &s.cyc[r].resp[0];
 		ck_assert_int_eq(x->status, KOLO_EMISMATCH);
 		ck_assert(x->local);
 		ck_assert_ptr_nonnull(strstr(x->errmsg, "dtype"));
@@ -152,7 +153,7 @@ START_TEST(test_mismatch_dtype)
 		ck_assert_ptr_nonnull(strstr(x->errmsg, "'W'"));
 	}
 	/* Nothing of a failed op is cached. */
-	ck_assert_uint_eq(kolo_negotiator_cache_size(s.neg[0]), 0);
+	ck_assert_uint_eq(fusion_negotiator_cache_size(s.neg[0]), 0);
 	sim_fini(&s);
 }
 END_TEST
@@ -192,13 +193,13 @@ START_TEST(test_cache_steady_state)
 			ck_assert_uint_eq(s.cyc[0].cache_hits, 2);
 		}
 	}
-	ck_assert_uint_eq(kolo_negotiator_cache_size(s.neg[1]), 2);
+	ck_assert_uint_eq(fusion_negotiator_cache_size(s.neg[1]), 2);
 	/* A changed count evicts and fails on every rank. */
 	submit(&s, 0, "g1", ar(KOLO_FLOAT32, 101), 1);
 	submit(&s, 1, "g1", ar(KOLO_FLOAT32, 100), 1);
 	sim_cycle(&s); /* rank 0 announces; rank 1 only set a bit, now void */
 	ck_assert_uint_eq(s.cyc[0].nresp, 0);
-	ck_assert_uint_eq(kolo_negotiator_cache_size(s.neg[0]), 1);
+	ck_assert_uint_eq(fusion_negotiator_cache_size(s.neg[0]), 1);
 	sim_cycle(&s); /* rank 1 announces again */
 	ck_assert_uint_eq(s.cyc[0].nresp, 1);
 	ck_assert_int_eq(s.cyc[0].resp[0].status, KOLO_EMISMATCH);
@@ -217,7 +218,7 @@ START_TEST(test_cache_lru)
 			submit(&s, r, names[i], ar(KOLO_INT32, 4), 1);
 		sim_cycle(&s);
 		ck_assert_uint_eq(s.cyc[0].nresp, 1);
-		ck_assert_uint_le(kolo_negotiator_cache_size(s.neg[0]), 2);
+		ck_assert_uint_le(fusion_negotiator_cache_size(s.neg[0]), 2);
 	}
 	/* "a" was evicted by "c" (least recently used), so it went the long way. */
 	ck_assert_int_eq(s.cyc[0].resp[0].cache_slot, -1);
@@ -238,7 +239,8 @@ START_TEST(test_cache_partial_then_ready)
 	ck_assert_uint_eq(s.cyc[0].nresp, 0);
 	ck_assert(s.cyc[0].pending);
 	char rep[256];
-	ck_assert_uint_eq(kolo_negotiator_stall_report(s.neg[0], 5000, 2000, rep, sizeof(rep)), 1);
+	ck_assert_uint_eq(fusion_negotiator_stall_report(s.neg[0], 5000, 2000, rep, sizeof(rep)),
+	                  1);
 	ck_assert_str_eq(rep, "rank 1: [x]");
 	submit(&s, 1, "x", ar(KOLO_FLOAT32, 4), 2);
 	sim_cycle(&s);
@@ -252,7 +254,7 @@ START_TEST(test_join)
 {
 	struct sim s;
 	sim_init(&s, 3, 8);
-	struct kolo_fusion_params j = {.kind = KOLO_FK_JOIN, .prescale = 1, .postscale = 1};
+	struct fusion_params j = {.kind = KOLO_FK_JOIN, .prescale = 1, .postscale = 1};
 	submit(&s, 1, "kolo.join.0", j, 9);
 	submit(&s, 0, "g", ar(KOLO_FLOAT32, 5), 1);
 	submit(&s, 2, "g", ar(KOLO_FLOAT32, 5), 1);
@@ -264,12 +266,12 @@ START_TEST(test_join)
 	ck_assert(s.cyc[0].resp[0].local);
 	/* Broadcast is refused while a rank has joined. */
 	uint64_t c5[1] = {5};
-	struct kolo_fusion_params b = {.kind = KOLO_FK_BROADCAST,
-	                               .dtype = KOLO_FLOAT32,
-	                               .prescale = 1,
-	                               .postscale = 1,
-	                               .ncounts = 1,
-	                               .counts = c5};
+	struct fusion_params b = {.kind = KOLO_FK_BROADCAST,
+	                          .dtype = KOLO_FLOAT32,
+	                          .prescale = 1,
+	                          .postscale = 1,
+	                          .ncounts = 1,
+	                          .counts = c5};
 	submit(&s, 0, "b", b, 2);
 	submit(&s, 2, "b", b, 2);
 	sim_cycle(&s);
@@ -300,12 +302,12 @@ START_TEST(test_allgather_counts)
 	for (int step = 0; step < 2; step++) {
 		for (int r = 0; r < 3; r++) {
 			uint64_t c[1] = {(uint64_t)(r + 1)};
-			struct kolo_fusion_params p = {.kind = KOLO_FK_ALLGATHER,
-			                               .dtype = KOLO_INT64,
-			                               .prescale = 1,
-			                               .postscale = 1,
-			                               .ncounts = 1,
-			                               .counts = c};
+			struct fusion_params p = {.kind = KOLO_FK_ALLGATHER,
+			                          .dtype = KOLO_INT64,
+			                          .prescale = 1,
+			                          .postscale = 1,
+			                          .ncounts = 1,
+			                          .counts = c};
 			submit(&s, r, "ag", p, 1);
 		}
 		sim_cycle(&s);
@@ -328,9 +330,9 @@ START_TEST(test_fail_name_and_params)
 	submit(&s, 0, "late", ar(KOLO_FLOAT32, 3), 1);
 	sim_cycle(&s);
 	ck_assert_uint_eq(s.cyc[0].nresp, 0);
-	ck_assert_int_eq(kolo_negotiator_fail_name(s.neg[0], "late", KOLO_ETIMEDOUT, "stalled"),
+	ck_assert_int_eq(fusion_negotiator_fail_name(s.neg[0], "late", KOLO_ETIMEDOUT, "stalled"),
 	                 KOLO_OK);
-	kolo_negotiator_set_params(s.neg[0], 4096, 2.5);
+	fusion_negotiator_set_params(s.neg[0], 4096, 2.5);
 	sim_cycle(&s);
 	for (int r = 0; r < 2; r++) {
 		ck_assert_uint_eq(s.cyc[r].nresp, 1);
@@ -377,9 +379,9 @@ START_TEST(test_stall_report_format)
 	submit(&s, 0, "u", ar(KOLO_FLOAT32, 1), 99);
 	sim_cycle_at(&s, 10);
 	char rep[512];
-	ck_assert_uint_eq(kolo_negotiator_stall_report(s.neg[1], 100, 50, rep, sizeof(rep)), 7);
+	ck_assert_uint_eq(fusion_negotiator_stall_report(s.neg[1], 100, 50, rep, sizeof(rep)), 7);
 	ck_assert_str_eq(rep, "rank 1: [u]; rank 2: [t0, t1, t2, t3, t4, \xe2\x80\xa6]");
-	ck_assert_uint_eq(kolo_negotiator_stall_report(s.neg[1], 20, 50, rep, sizeof(rep)), 0);
+	ck_assert_uint_eq(fusion_negotiator_stall_report(s.neg[1], 20, 50, rep, sizeof(rep)), 0);
 	sim_fini(&s);
 }
 END_TEST
@@ -394,21 +396,21 @@ START_TEST(test_deadlock)
 	submit(&s, 0, "a", ar(KOLO_FLOAT32, 1), 1);
 	submit(&s, 1, "a", ar(KOLO_FLOAT32, 1), 1);
 	sim_cycle_at(&s, 10);
-	ck_assert(!kolo_negotiator_deadlocked(s.neg[0], 100, 50)); /* rank 2 is behind */
+	ck_assert(!fusion_negotiator_deadlocked(s.neg[0], 100, 50)); /* rank 2 is behind */
 	submit(&s, 2, "b", ar(KOLO_FLOAT32, 1), 1);
 	sim_cycle_at(&s, 20);
-	ck_assert(!kolo_negotiator_deadlocked(s.neg[0], 60, 50)); /* b is too young */
-	ck_assert(kolo_negotiator_deadlocked(s.neg[0], 100, 50));
+	ck_assert(!fusion_negotiator_deadlocked(s.neg[0], 60, 50)); /* b is too young */
+	ck_assert(fusion_negotiator_deadlocked(s.neg[0], 100, 50));
 	submit(&s, 2, "a", ar(KOLO_FLOAT32, 1), 2);
 	sim_cycle_at(&s, 30);
-	ck_assert(!kolo_negotiator_deadlocked(s.neg[0], 1000, 50)); /* a ran; 0 and 1 are idle */
+	ck_assert(!fusion_negotiator_deadlocked(s.neg[0], 1000, 50)); /* a ran; 0 and 1 are idle */
 	sim_fini(&s);
 }
 END_TEST
 
 START_TEST(test_plan)
 {
-	struct kolo_fusion_item it[] = {
+	struct fusion_item it[] = {
 	        {KOLO_FLOAT32, KOLO_SUM, 1, 1, 40, false},
 	        {KOLO_FLOAT16, KOLO_SUM, 1, 1, 10, false},
 	        {KOLO_FLOAT32, KOLO_SUM, 1, 1, 50, false},
@@ -418,23 +420,23 @@ START_TEST(test_plan)
 	        {KOLO_FLOAT32, KOLO_AVERAGE, 1, 1, 5, false},
 	};
 	size_t b[7];
-	ck_assert_uint_eq(kolo_fusion_plan(it, 7, 100, b), 5);
+	ck_assert_uint_eq(fusion_plan(it, 7, 100, b), 5);
 	size_t want[] = {0, 1, 0, 2, 3, 1, 4};
 	for (int i = 0; i < 7; i++)
 		ck_assert_uint_eq(b[i], want[i]);
 	/* Threshold 0: no fusion. */
-	ck_assert_uint_eq(kolo_fusion_plan(it, 7, 0, b), 7);
+	ck_assert_uint_eq(fusion_plan(it, 7, 0, b), 7);
 	for (size_t i = 0; i < 7; i++)
 		ck_assert_uint_eq(b[i], i);
 	/* Look-ahead past a tensor that no longer fits. */
-	struct kolo_fusion_item it2[] = {{KOLO_FLOAT32, KOLO_SUM, 1, 1, 60, false},
-	                                 {KOLO_FLOAT32, KOLO_SUM, 1, 1, 60, false},
-	                                 {KOLO_FLOAT32, KOLO_SUM, 1, 1, 30, false}};
-	ck_assert_uint_eq(kolo_fusion_plan(it2, 3, 100, b), 2);
+	struct fusion_item it2[] = {{KOLO_FLOAT32, KOLO_SUM, 1, 1, 60, false},
+	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 60, false},
+	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 30, false}};
+	ck_assert_uint_eq(fusion_plan(it2, 3, 100, b), 2);
 	ck_assert_uint_eq(b[2], 0);
 	/* A solo item (large enough to skip the buffer) is never packed. */
 	it2[1].solo = true;
-	ck_assert_uint_eq(kolo_fusion_plan(it2, 3, 1000, b), 2);
+	ck_assert_uint_eq(fusion_plan(it2, 3, 1000, b), 2);
 	ck_assert_uint_eq(b[0], 0);
 	ck_assert_uint_eq(b[1], 1);
 	ck_assert_uint_eq(b[2], 0);

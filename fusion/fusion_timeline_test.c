@@ -4,7 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fusion.h"
+#include "fusion_internal.h"
 #include "testutil.h"
 
 static json_t *load(const char *path)
@@ -38,24 +38,24 @@ START_TEST(test_events)
 	int fd = mkstemp(path);
 	ck_assert_int_ge(fd, 0);
 	close(fd);
-	struct kolo_timeline *t;
+	struct fusion_timeline *t;
 	struct kolo_errbuf eb = {{0}};
-	ck_assert_int_eq(kolo_timeline_create(path, 1024, true, &t, &eb), KOLO_OK);
+	ck_assert_int_eq(fusion_timeline_create(path, 1024, true, &t, &eb), KOLO_OK);
 	uint64_t ts = kolo_now_ns() / 1000;
-	kolo_timeline_mark_cycle(t, ts);
-	kolo_timeline_negotiate_begin(t, "layer1/\"w\"", KOLO_FK_ALLREDUCE, ts);
-	kolo_timeline_rank_ready(t, "layer1/\"w\"", 0, ts + 1);
-	kolo_timeline_rank_ready(t, "layer1/\"w\"", 1, ts + 5);
-	kolo_timeline_negotiate_end(t, "layer1/\"w\"", ts + 5);
+	fusion_timeline_mark_cycle(t, ts);
+	fusion_timeline_negotiate_begin(t, "layer1/\"w\"", KOLO_FK_ALLREDUCE, ts);
+	fusion_timeline_rank_ready(t, "layer1/\"w\"", 0, ts + 1);
+	fusion_timeline_rank_ready(t, "layer1/\"w\"", 1, ts + 5);
+	fusion_timeline_negotiate_end(t, "layer1/\"w\"", ts + 5);
 	const char *acts[] = {"QUEUE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE",
 	                      "MEMCPY_OUT_FUSION_BUFFER"};
 	for (int i = 0; i < 4; i++) {
-		kolo_timeline_begin(t, "layer1/\"w\"", acts[i], ts + 6 + (uint64_t)i);
-		kolo_timeline_end(t, "layer1/\"w\"", ts + 7 + (uint64_t)i);
+		fusion_timeline_begin(t, "layer1/\"w\"", acts[i], ts + 6 + (uint64_t)i);
+		fusion_timeline_end(t, "layer1/\"w\"", ts + 7 + (uint64_t)i);
 	}
-	kolo_timeline_begin(t, "b", "BROADCAST", ts + 20);
-	kolo_timeline_end(t, "b", ts + 21);
-	kolo_timeline_destroy(t);
+	fusion_timeline_begin(t, "b", "BROADCAST", ts + 20);
+	fusion_timeline_end(t, "b", ts + 21);
+	fusion_timeline_destroy(t);
 
 	json_t *j = load(path);
 	ck_assert_int_eq(count_events(j, "M", "process_name"), 2);
@@ -89,26 +89,26 @@ START_TEST(test_empty_and_bounded)
 	int fd = mkstemp(path);
 	ck_assert_int_ge(fd, 0);
 	close(fd);
-	struct kolo_timeline *t;
+	struct fusion_timeline *t;
 	struct kolo_errbuf eb = {{0}};
-	ck_assert_int_eq(kolo_timeline_create(path, 4, false, &t, &eb), KOLO_OK);
-	kolo_timeline_destroy(t);
+	ck_assert_int_eq(fusion_timeline_create(path, 4, false, &t, &eb), KOLO_OK);
+	fusion_timeline_destroy(t);
 	json_t *j = load(path);
 	ck_assert_uint_eq(json_array_size(j), 0);
 	json_decref(j);
 
 	/* A tiny queue drops instead of blocking, and the file stays valid. */
-	ck_assert_int_eq(kolo_timeline_create(path, 2, false, &t, &eb), KOLO_OK);
+	ck_assert_int_eq(fusion_timeline_create(path, 2, false, &t, &eb), KOLO_OK);
 	for (int k = 0; k < 10000; k++)
-		kolo_timeline_begin(t, "x", "QUEUE", (uint64_t)k);
-	uint64_t dropped = kolo_timeline_dropped(t);
-	kolo_timeline_destroy(t);
+		fusion_timeline_begin(t, "x", "QUEUE", (uint64_t)k);
+	uint64_t dropped = fusion_timeline_dropped(t);
+	fusion_timeline_destroy(t);
 	j = load(path);
 	ck_assert_uint_eq(json_array_size(j) + dropped, 10002);
 	json_decref(j);
 	unlink(path);
 
-	ck_assert_int_ne(kolo_timeline_create("/nonexistent/dir/x.json", 4, false, &t, &eb),
+	ck_assert_int_ne(fusion_timeline_create("/nonexistent/dir/x.json", 4, false, &t, &eb),
 	                 KOLO_OK);
 	ck_assert_ptr_nonnull(strstr(eb.msg, "/nonexistent/dir/x.json"));
 }

@@ -1,14 +1,13 @@
 /* plan: which ready allreduces share one pass through the fusion buffer. */
-#include "fusion.h"
+#include "fusion_internal.h"
 
-static bool same_key(const struct kolo_fusion_item *a, const struct kolo_fusion_item *b)
+static bool same_key(const struct fusion_item *a, const struct fusion_item *b)
 {
 	return a->dtype == b->dtype && a->op == b->op && a->prescale == b->prescale &&
 	       a->postscale == b->postscale;
 }
 
-size_t kolo_fusion_plan(const struct kolo_fusion_item *items, size_t n, uint64_t threshold,
-                        size_t *batch_of)
+size_t fusion_plan(const struct fusion_item *items, size_t n, uint64_t threshold, size_t *batch_of)
 {
 	const size_t unset = (size_t)-1;
 	size_t nb = 0;

@@ -1,7 +1,7 @@
 /* timeline: Chrome-trace JSON written by a thread fed through a bounded
  * queue, so the engine never waits on the disk. Each tensor is a "process"
  * (pid) named by a metadata event, as in Horovod's timeline. */
-#include "fusion.h"
+#include "fusion_internal.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -16,7 +16,7 @@ struct name_pid {
 
 #define NBUCKETS 1024
 
-struct kolo_timeline {
+struct fusion_timeline {
 	FILE *f;
 	pthread_t thread;
 	pthread_mutex_t lock;
@@ -37,7 +37,7 @@ struct kolo_timeline {
  * JSON array even if the process dies without shutting down. */
 static void *writer(void *arg)
 {
-	struct kolo_timeline *t = arg;
+	struct fusion_timeline *t = arg;
 	bool dirty = false;
 	pthread_mutex_lock(&t->lock);
 	for (;;) {
@@ -71,11 +71,11 @@ static void *writer(void *arg)
 	return NULL;
 }
 
-kolo_status_t kolo_timeline_create(const char *path, size_t queue_cap, bool mark_cycles,
-                                   struct kolo_timeline **out, struct kolo_errbuf *eb)
+kolo_status_t fusion_timeline_create(const char *path, size_t queue_cap, bool mark_cycles,
+                                     struct fusion_timeline **out, struct kolo_errbuf *eb)
 {
 	*out = NULL;
-	struct kolo_timeline *t = calloc(1, sizeof(*t));
+	struct fusion_timeline *t = calloc(1, sizeof(*t));
 	if (!t)
 		return KOLO_ENOMEM;
 	t->cap = queue_cap ? queue_cap : 1;
@@ -111,7 +111,7 @@ kolo_status_t kolo_timeline_create(const char *path, size_t queue_cap, bool mark
 	return KOLO_OK;
 }
 
-void kolo_timeline_destroy(struct kolo_timeline *t)
+void fusion_timeline_destroy(struct fusion_timeline *t)
 {
 	if (!t)
 		return;
@@ -137,9 +137,9 @@ void kolo_timeline_destroy(struct kolo_timeline *t)
 	free(t);
 }
 
-uint64_t kolo_timeline_dropped(const struct kolo_timeline *t)
+uint64_t fusion_timeline_dropped(const struct fusion_timeline *t)
 {
-	struct kolo_timeline *m = (struct kolo_timeline *)t;
+	struct fusion_timeline *m = (struct fusion_timeline *)t;
 	pthread_mutex_lock(&m->lock);
 	uint64_t d = m->dropped;
 	pthread_mutex_unlock(&m->lock);
@@ -147,7 +147,7 @@ uint64_t kolo_timeline_dropped(const struct kolo_timeline *t)
 }
 
 /* Call with the lock held. Takes ownership of ev. */
-static void push_locked(struct kolo_timeline *t, char *ev)
+static void push_locked(struct fusion_timeline *t, char *ev)
 {
 	if (!ev)
 		return;
@@ -199,7 +199,7 @@ static uint64_t hash(const char *s)
 
 /* The pid of a tensor, announcing it with metadata events the first time.
  * Lock held. */
-static int pid_of(struct kolo_timeline *t, const char *name)
+static int pid_of(struct fusion_timeline *t, const char *name)
 {
 	uint64_t b = hash(name) % NBUCKETS;
 	for (struct name_pid *np = t->buckets[b]; np; np = np->next)
@@ -224,24 +224,24 @@ static int pid_of(struct kolo_timeline *t, const char *name)
 	return np->pid;
 }
 
-static uint64_t rel(const struct kolo_timeline *t, uint64_t ts_us)
+static uint64_t rel(const struct fusion_timeline *t, uint64_t ts_us)
 {
 	return ts_us > t->t0_us ? ts_us - t->t0_us : 0;
 }
 
-void kolo_timeline_negotiate_begin(struct kolo_timeline *t, const char *name, int kind,
-                                   uint64_t ts_us)
+void fusion_timeline_negotiate_begin(struct fusion_timeline *t, const char *name, int kind,
+                                     uint64_t ts_us)
 {
 	pthread_mutex_lock(&t->lock);
 	int pid = pid_of(t, name);
-	push_locked(t,
-	            fmt_event("{\"name\":\"NEGOTIATE_%s\",\"ph\":\"B\",\"ts\":%llu,"
-	                      "\"pid\":%d,\"tid\":0}",
-	                      kolo_fusion_kind_name(kind), (unsigned long long)rel(t, ts_us), pid));
+	push_locked(t, fmt_event("{\"name\":\"NEGOTIATE_%s\",\"ph\":\"B\",\"ts\":%llu,"
+	                         "\"pid\":%d,\"tid\":0}",
+	                         fusion_kind_name(kind), (unsigned long long)rel(t, ts_us), pid));
 	pthread_mutex_unlock(&t->lock);
 }
 
-void kolo_timeline_rank_ready(struct kolo_timeline *t, const char *name, int rank, uint64_t ts_us)
+void fusion_timeline_rank_ready(struct fusion_timeline *t, const char *name, int rank,
+                                uint64_t ts_us)
 {
 	pthread_mutex_lock(&t->lock);
 	int pid = pid_of(t, name);
@@ -251,13 +251,13 @@ void kolo_timeline_rank_ready(struct kolo_timeline *t, const char *name, int ran
 	pthread_mutex_unlock(&t->lock);
 }
 
-void kolo_timeline_negotiate_end(struct kolo_timeline *t, const char *name, uint64_t ts_us)
+void fusion_timeline_negotiate_end(struct fusion_timeline *t, const char *name, uint64_t ts_us)
 {
-	kolo_timeline_end(t, name, ts_us);
+	fusion_timeline_end(t, name, ts_us);
 }
 
-void kolo_timeline_begin(struct kolo_timeline *t, const char *name, const char *activity,
-                         uint64_t ts_us)
+void fusion_timeline_begin(struct fusion_timeline *t, const char *name, const char *activity,
+                           uint64_t ts_us)
 {
 	pthread_mutex_lock(&t->lock);
 	int pid = pid_of(t, name);
@@ -266,7 +266,7 @@ void kolo_timeline_begin(struct kolo_timeline *t, const char *name, const char *
 	pthread_mutex_unlock(&t->lock);
 }
 
-void kolo_timeline_end(struct kolo_timeline *t, const char *name, uint64_t ts_us)
+void fusion_timeline_end(struct fusion_timeline *t, const char *name, uint64_t ts_us)
 {
 	pthread_mutex_lock(&t->lock);
 	int pid = pid_of(t, name);
@@ -275,7 +275,7 @@ void kolo_timeline_end(struct kolo_timeline *t, const char *name, uint64_t ts_us
 	pthread_mutex_unlock(&t->lock);
 }
 
-void kolo_timeline_mark_cycle(struct kolo_timeline *t, uint64_t ts_us)
+void fusion_timeline_mark_cycle(struct fusion_timeline *t, uint64_t ts_us)
 {
 	if (!t->mark_cycles)
 		return;

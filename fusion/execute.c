@@ -1,0 +1,568 @@
+/* execute: running the responses of one cycle. Failed responses complete at
+ * once; allreduces are planned into batches, each packed into the fusion
+ * buffer (or run straight from the caller's buffers), reduced and unpacked;
+ * every other kind runs its own collective. */
+#include "fusion_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SUBSYS "fusion"
+
+struct batch_entry { /* one tensor of an allreduce batch */
+	const char *name;
+	const void *send; /* NULL: zeros (a joined rank) */
+	void *recv;       /* NULL: discard */
+	size_t count;
+};
+
+/* One allreduce or grouped allreduce response: its tensors and their bytes. */
+struct fused_item {
+	struct fusion_response *r;
+	struct fusion_queued_op *o;
+	struct batch_entry *ent;
+	size_t nent;
+	uint64_t bytes;
+};
+
+/* Allreduce of one tensor straight from / to the caller's buffers. */
+static kolo_status_t run_direct(struct kolo_engine *e, const struct fusion_params *p,
+                                const struct batch_entry *en, char *msg, size_t len)
+{
+	size_t esz = kolo_dtype_size((kolo_dtype_t)p->dtype);
+	if (en->count == 0)
+		return KOLO_OK; /* nothing to reduce, on every rank alike */
+	void *scratch = NULL;
+	const void *send = en->send;
+	void *recv = en->recv;
+	if (!send || !recv) {
+		scratch = calloc(en->count ? en->count : 1, esz);
+		if (!scratch)
+			return KOLO_ENOMEM;
+		if (!send) {
+			send = scratch;
+			recv = scratch;
+		} else {
+			recv = scratch;
+		}
+	}
+	kolo_status_t st = kolo_ring_allreduce(e->rc, send, recv, en->count, (kolo_dtype_t)p->dtype,
+	                                       (kolo_op_t)p->op, p->prescale, p->postscale);
+	free(scratch);
+	if (st != KOLO_OK)
+		return fusion_engine_ring_error(e, st, msg, len);
+	return KOLO_OK;
+}
+
+static kolo_status_t ensure_fbuf(struct kolo_engine *e, size_t bytes)
+{
+	if (bytes <= e->fbuf_cap)
+		return KOLO_OK;
+	uint8_t *b = realloc(e->fbuf, bytes);
+	if (!b)
+		return KOLO_ENOMEM;
+	if (!e->fbuf)
+		KOLO_DEBUG(SUBSYS, "fusion buffer: %zu bytes", bytes);
+	e->fbuf = b;
+	e->fbuf_cap = bytes;
+	return KOLO_OK;
+}
+
+/* The bytes of a fused batch that go through the ring at once: the whole
+ * batch (one collective, as Horovod), or blocks of cfg.block_bytes copied in,
+ * reduced and copied out one after another. */
+static size_t block_bytes(const struct kolo_engine *e, size_t esz)
+{
+	if (!e->cfg.block_bytes)
+		return SIZE_MAX - SIZE_MAX % esz;
+	size_t b = (size_t)e->cfg.block_bytes;
+	b -= b % esz;
+	return b ? b : esz;
+}
+
+/* Begins (or, begin NULL, ends) an activity for the items of a batch that
+ * overlap [lo, hi) of the packed bytes. */
+static void tl_window(struct kolo_engine *e, struct fused_item **b, size_t nb,
+                      const uint64_t *item_off, uint64_t lo, uint64_t hi, const char *begin)
+{
+	for (size_t i = 0; i < nb; i++) {
+		uint64_t ilo = item_off[i], ihi = item_off[i] + b[i]->bytes;
+		if (ihi <= lo || ilo >= hi || ihi == ilo)
+			continue;
+		if (begin)
+			fusion_engine_tl_begin(e, b[i]->r->name, begin);
+		else
+			fusion_engine_tl_end(e, b[i]->r->name);
+	}
+}
+
+/* ---- a fused batch ------------------------------------------------------ */
+
+/* Where each tensor (entry) and each item of a batch starts in the packed
+ * bytes. */
+struct batch_layout {
+	const struct batch_entry **ent;
+	uint64_t *entry_off;
+	uint64_t *item_off;
+	size_t nent;
+};
+
+static void layout_free(struct batch_layout *l)
+{
+	free(l->entry_off);
+	free(l->item_off);
+	free(l->ent);
+}
+
+static kolo_status_t layout_build(struct batch_layout *l, struct fused_item **b, size_t nb,
+                                  size_t nent, size_t esz)
+{
+	l->nent = nent;
+	l->entry_off = calloc(nent, sizeof(uint64_t));
+	l->item_off = calloc(nb, sizeof(uint64_t));
+	l->ent = calloc(nent, sizeof(*l->ent));
+	if (!l->entry_off || !l->item_off || !l->ent) {
+		layout_free(l);
+		return KOLO_ENOMEM;
+	}
+	uint64_t off = 0;
+	size_t k = 0;
+	for (size_t i = 0; i < nb; i++) {
+		l->item_off[i] = off;
+		for (size_t j = 0; j < b[i]->nent; j++, k++) {
+			l->ent[k] = &b[i]->ent[j];
+			l->entry_off[k] = off;
+			off += l->ent[k]->count * esz;
+		}
+	}
+	return KOLO_OK;
+}
+
+/* Copies [lo, hi) of the packed bytes into the fusion buffer, prescaled;
+ * a joined rank's entries are zeros. */
+static void pack_window(struct kolo_engine *e, const struct fusion_params *p,
+                        const struct batch_layout *l, uint64_t lo, uint64_t hi)
+{
+	kolo_dtype_t dt = (kolo_dtype_t)p->dtype;
+	size_t esz = kolo_dtype_size(dt);
+	for (size_t k = 0; k < l->nent; k++) {
+		uint64_t a = KOLO_MAX(lo, l->entry_off[k]),
+		         z = KOLO_MIN(hi, l->entry_off[k] + l->ent[k]->count * esz);
+		if (a >= z)
+			continue;
+		uint8_t *dst = e->fbuf + (a - lo);
+		const uint8_t *src = (const uint8_t *)l->ent[k]->send + (a - l->entry_off[k]);
+		if (!l->ent[k]->send)
+			memset(dst, 0, z - a);
+		else if (p->prescale != 1.0)
+			kolo_scale(dst, src, (size_t)(z - a) / esz, dt, p->prescale);
+		else
+			memcpy(dst, src, z - a);
+	}
+}
+
+/* Copies [lo, hi) of the reduced fusion buffer out, scaled by factor. */
+static void unpack_window(struct kolo_engine *e, kolo_dtype_t dt, double factor,
+                          const struct batch_layout *l, uint64_t lo, uint64_t hi)
+{
+	size_t esz = kolo_dtype_size(dt);
+	for (size_t k = 0; k < l->nent; k++) {
+		uint64_t a = KOLO_MAX(lo, l->entry_off[k]),
+		         z = KOLO_MIN(hi, l->entry_off[k] + l->ent[k]->count * esz);
+		if (a >= z || !l->ent[k]->recv)
+			continue;
+		uint8_t *dst = (uint8_t *)l->ent[k]->recv + (a - l->entry_off[k]);
+		const uint8_t *src = e->fbuf + (a - lo);
+		if (factor != 1.0)
+			kolo_scale(dst, src, (size_t)(z - a) / esz, dt, factor);
+		else
+			memcpy(dst, src, z - a);
+	}
+}
+
+/* A batch run tensor by tensor from the caller's buffers: a lone tensor, or
+ * a batch too large for the buffer (no copies). */
+static kolo_status_t run_unfused(struct kolo_engine *e, struct fused_item **b, size_t nb, bool tl,
+                                 char *msg, size_t len)
+{
+	const struct fusion_params *p = &b[0]->r->p;
+	for (size_t i = 0; i < nb; i++) {
+		if (tl)
+			fusion_engine_tl_begin(e, b[i]->r->name,
+			                       fusion_kind_name(KOLO_FK_ALLREDUCE));
+		for (size_t k = 0; k < b[i]->nent; k++) {
+			kolo_status_t st = run_direct(e, p, &b[i]->ent[k], msg, len);
+			if (st != KOLO_OK)
+				return st;
+		}
+		if (tl)
+			fusion_engine_tl_end(e, b[i]->r->name);
+	}
+	return KOLO_OK;
+}
+
+/* A batch packed into the fusion buffer, reduced and unpacked, one block of
+ * block_bytes() at a time. AVERAGE is a SUM scaled on the way out. */
+static kolo_status_t run_packed(struct kolo_engine *e, struct fused_item **b, size_t nb,
+                                size_t nent, uint64_t total, bool tl, char *msg, size_t len)
+{
+	const struct fusion_params *p = &b[0]->r->p;
+	kolo_dtype_t dt = (kolo_dtype_t)p->dtype;
+	size_t esz = kolo_dtype_size(dt);
+	size_t blk = block_bytes(e, esz);
+	kolo_status_t st = ensure_fbuf(e, KOLO_MIN((size_t)total, blk));
+	if (st != KOLO_OK)
+		return st;
+	struct batch_layout l = {0};
+	st = layout_build(&l, b, nb, nent, esz);
+	if (st != KOLO_OK)
+		return st;
+	kolo_op_t op = (kolo_op_t)p->op;
+	double factor = p->postscale;
+	if (op == KOLO_AVERAGE) {
+		op = KOLO_SUM;
+		factor /= (double)e->size;
+	}
+	for (uint64_t lo = 0, hi = 0; lo < total && st == KOLO_OK; lo = hi) {
+		hi = total - lo > blk ? lo + blk : total;
+		if (tl)
+			tl_window(e, b, nb, l.item_off, lo, hi, "MEMCPY_IN_FUSION_BUFFER");
+		pack_window(e, p, &l, lo, hi);
+		if (tl) {
+			tl_window(e, b, nb, l.item_off, lo, hi, NULL);
+			tl_window(e, b, nb, l.item_off, lo, hi,
+			          fusion_kind_name(KOLO_FK_ALLREDUCE));
+		}
+		st = kolo_ring_allreduce(e->rc, e->fbuf, e->fbuf, (size_t)(hi - lo) / esz, dt, op,
+		                         1.0, 1.0);
+		if (st != KOLO_OK) {
+			fusion_engine_ring_error(e, st, msg, len);
+			break;
+		}
+		if (tl) {
+			tl_window(e, b, nb, l.item_off, lo, hi, NULL);
+			tl_window(e, b, nb, l.item_off, lo, hi, "MEMCPY_OUT_FUSION_BUFFER");
+		}
+		unpack_window(e, dt, factor, &l, lo, hi);
+		if (tl)
+			tl_window(e, b, nb, l.item_off, lo, hi, NULL);
+	}
+	layout_free(&l);
+	return st;
+}
+
+static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, size_t nb, char *msg,
+                               size_t len)
+{
+	uint64_t total = 0;
+	size_t nent = 0;
+	for (size_t i = 0; i < nb; i++) {
+		total += b[i]->bytes;
+		nent += b[i]->nent;
+	}
+	bool tl = fusion_engine_tl_on(e);
+	if (tl)
+		for (size_t i = 0; i < nb; i++)
+			fusion_engine_tl_end(e, b[i]->r->name); /* QUEUE */
+	if (nent == 1 || e->threshold == 0 || total > e->threshold)
+		return run_unfused(e, b, nb, tl, msg, len);
+	if (total == 0)
+		return KOLO_OK;
+	return run_packed(e, b, nb, nent, total, tl, msg, len);
+}
+
+/* ---- the other kinds ---------------------------------------------------- */
+
+/* Each returns KOLO_ENOMEM when it cannot allocate (nothing ran) and
+ * otherwise KOLO_OK, with the collective's outcome in *ring_st. */
+
+static kolo_status_t run_allgather(struct kolo_engine *e, const struct fusion_params *p,
+                                   struct fusion_queued_op *o, kolo_status_t *ring_st)
+{
+	kolo_dtype_t dt = (kolo_dtype_t)p->dtype;
+	int n = e->size;
+	size_t *counts = calloc((size_t)n, sizeof(size_t));
+	size_t total = 0;
+	if (!counts)
+		return KOLO_ENOMEM;
+	for (int i = 0; i < n; i++)
+		total += counts[i] = (size_t)p->counts[i];
+	void *buf = malloc(total ? total * kolo_dtype_size(dt) : 1);
+	if (!buf) {
+		free(counts);
+		return KOLO_ENOMEM;
+	}
+	kolo_status_t st =
+	        total ? kolo_ring_allgatherv(e->rc, o->op.sendbuf, buf, counts, dt) : KOLO_OK;
+	if (st == KOLO_OK) {
+		memcpy(o->op.recvcounts, counts, (size_t)n * sizeof(size_t));
+		*o->op.recvbuf_out = buf;
+	} else {
+		free(buf);
+	}
+	free(counts);
+	*ring_st = st;
+	return KOLO_OK;
+}
+
+/* p->counts is the size x size matrix of sendcounts: row r is rank r's. */
+static kolo_status_t run_alltoall(struct kolo_engine *e, const struct fusion_params *p,
+                                  struct fusion_queued_op *o, kolo_status_t *ring_st)
+{
+	kolo_dtype_t dt = (kolo_dtype_t)p->dtype;
+	size_t n = (size_t)e->size, me = (size_t)e->rank;
+	size_t *sc = calloc(n, sizeof(size_t)), *rcv = calloc(n, sizeof(size_t));
+	size_t total = 0;
+	if (!sc || !rcv) {
+		free(sc);
+		free(rcv);
+		return KOLO_ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++) {
+		sc[i] = (size_t)p->counts[me * n + i];
+		total += rcv[i] = (size_t)p->counts[i * n + me];
+	}
+	void *buf = malloc(total ? total * kolo_dtype_size(dt) : 1);
+	if (!buf) {
+		free(sc);
+		free(rcv);
+		return KOLO_ENOMEM;
+	}
+	kolo_status_t st = fusion_params_total(p)
+	                           ? kolo_ring_alltoallv(e->rc, o->op.sendbuf, sc, buf, rcv, dt)
+	                           : KOLO_OK;
+	if (st == KOLO_OK) {
+		memcpy(o->op.recvcounts, rcv, n * sizeof(size_t));
+		*o->op.recvbuf_out = buf;
+	} else {
+		free(buf);
+	}
+	free(sc);
+	free(rcv);
+	*ring_st = st;
+	return KOLO_OK;
+}
+
+static kolo_status_t run_reducescatter(struct kolo_engine *e, const struct fusion_params *p,
+                                       struct fusion_queued_op *o, kolo_status_t *ring_st)
+{
+	int n = e->size;
+	*ring_st = KOLO_OK;
+	if (p->counts[0] == 0)
+		return KOLO_OK;
+	size_t *counts = calloc((size_t)n, sizeof(size_t));
+	if (!counts)
+		return KOLO_ENOMEM;
+	for (int i = 0; i < n; i++)
+		counts[i] = kolo_reducescatter_count((size_t)p->counts[0], n, i);
+	*ring_st = kolo_ring_reducescatter(e->rc, o->op.sendbuf, o->op.recvbuf, counts,
+	                                   (kolo_dtype_t)p->dtype, (kolo_op_t)p->op, p->prescale,
+	                                   p->postscale);
+	free(counts);
+	return KOLO_OK;
+}
+
+/* The caller's function on the engine thread; its failure fails only this
+ * operation (the ring is still usable). */
+static kolo_status_t run_exclusive(struct kolo_engine *e, struct fusion_response *r,
+                                   struct fusion_queued_op *o, char *msg, size_t len)
+{
+	kolo_status_t st = o->op.fn(o->op.fn_arg, e->rc);
+	if (st != KOLO_OK)
+		fusion_engine_ring_error(e, st, msg, len);
+	if (fusion_engine_tl_on(e))
+		fusion_engine_tl_end(e, r->name);
+	return st;
+}
+
+static kolo_status_t run_other(struct kolo_engine *e, struct fusion_response *r,
+                               struct fusion_queued_op *o, char *msg, size_t len)
+{
+	const struct fusion_params *p = &r->p;
+	kolo_status_t st = KOLO_OK, ring_st = KOLO_OK;
+	if (fusion_engine_tl_on(e)) {
+		fusion_engine_tl_end(e, r->name);
+		fusion_engine_tl_begin(e, r->name, fusion_kind_name(p->kind));
+	}
+	switch (p->kind) {
+	case KOLO_FK_ALLGATHER:
+		st = run_allgather(e, p, o, &ring_st);
+		break;
+	case KOLO_FK_ALLTOALL:
+		st = run_alltoall(e, p, o, &ring_st);
+		break;
+	case KOLO_FK_BROADCAST:
+		if (p->counts[0])
+			ring_st = kolo_ring_broadcast(e->rc, o->op.recvbuf, (size_t)p->counts[0],
+			                              (kolo_dtype_t)p->dtype, p->root);
+		break;
+	case KOLO_FK_REDUCESCATTER:
+		st = run_reducescatter(e, p, o, &ring_st);
+		break;
+	case KOLO_FK_BARRIER:
+		/* Every rank reached it: the negotiation was the barrier. */
+		break;
+	case KOLO_FK_JOIN:
+		if (o->op.last_rank)
+			*o->op.last_rank = r->last_rank;
+		break;
+	case KOLO_FK_EXCLUSIVE:
+		return run_exclusive(e, r, o, msg, len);
+	default:
+		return KOLO_EPROTO;
+	}
+	if (st != KOLO_OK)
+		return st;
+	if (fusion_engine_tl_on(e))
+		fusion_engine_tl_end(e, r->name);
+	if (ring_st != KOLO_OK)
+		return fusion_engine_ring_error(e, ring_st, msg, len);
+	return KOLO_OK;
+}
+
+/* ---- one cycle's responses ---------------------------------------------- */
+
+/* The planner's view of allreduce response r (o: this rank's op, or NULL
+ * when it has joined and contributes zeros). */
+static kolo_status_t fused_item_init(struct kolo_engine *e, struct fusion_response *r,
+                                     struct fusion_queued_op *o, struct fused_item *a,
+                                     struct fusion_item *item)
+{
+	a->r = r;
+	a->o = o;
+	size_t esz = kolo_dtype_size((kolo_dtype_t)r->p.dtype);
+	a->nent = r->p.kind == KOLO_FK_GROUP ? r->p.ncounts : 1;
+	a->ent = calloc(a->nent ? a->nent : 1, sizeof(*a->ent));
+	if (!a->ent)
+		return KOLO_ENOMEM;
+	for (size_t k = 0; k < a->nent; k++) {
+		struct batch_entry *en = &a->ent[k];
+		en->name = r->name;
+		en->count = (size_t)r->p.counts[k];
+		if (o && r->p.kind == KOLO_FK_GROUP) {
+			en->send = o->sendbufs[k];
+			en->recv = o->recvbufs[k];
+		} else if (o) {
+			en->send = o->op.sendbuf;
+			en->recv = o->op.recvbuf;
+		}
+		a->bytes += en->count * esz;
+	}
+	*item = (struct fusion_item){r->p.dtype,
+	                             r->p.op,
+	                             r->p.prescale,
+	                             r->p.postscale,
+	                             a->bytes,
+	                             r->p.kind == KOLO_FK_ALLREDUCE && e->cfg.direct_bytes &&
+	                                     a->bytes >= e->cfg.direct_bytes};
+	return KOLO_OK;
+}
+
+/* Completes the failed responses (they need no collective) and collects the
+ * allreduces into ars / items (*nar of them). */
+static kolo_status_t fail_and_collect(struct kolo_engine *e, struct fusion_cycle *c,
+                                      struct fused_item *ars, struct fusion_item *items,
+                                      size_t *nar)
+{
+	for (size_t i = 0; i < c->nresp; i++) {
+		struct fusion_response *r = &c->resp[i];
+		struct fusion_queued_op *o =
+		        r->local ? fusion_engine_find_op(e, r->local_id) : NULL;
+		if (r->status != KOLO_OK) {
+			if (fusion_engine_tl_on(e))
+				fusion_engine_tl_end(e, r->name);
+			if (o)
+				KOLO_WARN(SUBSYS, "%s",
+				          r->errmsg ? r->errmsg : kolo_strerror(r->status));
+			fusion_engine_complete(e, o, r->status, r->errmsg);
+			continue;
+		}
+		if (r->p.kind != KOLO_FK_ALLREDUCE && r->p.kind != KOLO_FK_GROUP)
+			continue;
+		kolo_status_t st = fused_item_init(e, r, o, &ars[*nar], &items[*nar]);
+		if (st != KOLO_OK)
+			return st;
+		(*nar)++;
+	}
+	return KOLO_OK;
+}
+
+/* Plans the allreduces into batches and runs them in order; each op
+ * completes with its batch. bl is scratch for nar pointers. */
+static kolo_status_t run_batches(struct kolo_engine *e, struct fused_item *ars,
+                                 const struct fusion_item *items, size_t nar, size_t *batch_of,
+                                 struct fused_item **bl, char *msg, size_t len)
+{
+	size_t nb = fusion_plan(items, nar, e->threshold, batch_of);
+	for (size_t b = 0; b < nb; b++) {
+		size_t cnt = 0;
+		for (size_t i = 0; i < nar; i++)
+			if (batch_of[i] == b)
+				bl[cnt++] = &ars[i];
+		kolo_status_t bst = run_batch(e, bl, cnt, msg, len);
+		uint64_t now = kolo_now_ns();
+		for (size_t i = 0; i < cnt; i++) {
+			if (e->at && bst == KOLO_OK) {
+				uint64_t thr;
+				double cyc;
+				if (fusion_autotune_record(e->at, bl[i]->r->name, bl[i]->bytes, now,
+				                           &thr, &cyc))
+					fusion_negotiator_set_params(e->neg, thr, cyc);
+			}
+			fusion_engine_complete(e, bl[i]->o, bst, bst == KOLO_OK ? NULL : msg);
+			bl[i]->o = NULL;
+		}
+		if (bst != KOLO_OK)
+			return bst;
+	}
+	return KOLO_OK;
+}
+
+/* Runs every response that is neither failed nor an allreduce. A failed
+ * EXCLUSIVE fails only itself; any other failure stops the cycle. */
+static kolo_status_t run_others(struct kolo_engine *e, struct fusion_cycle *c, char *msg,
+                                size_t len)
+{
+	for (size_t i = 0; i < c->nresp; i++) {
+		struct fusion_response *r = &c->resp[i];
+		if (r->status != KOLO_OK || r->p.kind == KOLO_FK_ALLREDUCE ||
+		    r->p.kind == KOLO_FK_GROUP)
+			continue;
+		struct fusion_queued_op *o =
+		        r->local ? fusion_engine_find_op(e, r->local_id) : NULL;
+		if (!o) { /* cannot happen: joined ranks only see allreduces */
+			snprintf(msg, len, "response '%s' without a local operation", r->name);
+			return KOLO_EPROTO;
+		}
+		kolo_status_t ost = run_other(e, r, o, msg, len);
+		fusion_engine_complete(e, o, ost, ost == KOLO_OK ? NULL : msg);
+		if (ost != KOLO_OK && r->p.kind != KOLO_FK_EXCLUSIVE)
+			return ost;
+	}
+	return KOLO_OK;
+}
+
+kolo_status_t fusion_engine_execute(struct kolo_engine *e, struct fusion_cycle *c, char *msg,
+                                    size_t len)
+{
+	size_t cap = c->nresp ? c->nresp : 1, nar = 0;
+	struct fused_item *ars = calloc(cap, sizeof(*ars));
+	struct fusion_item *items = calloc(cap, sizeof(*items));
+	size_t *batch_of = calloc(cap, sizeof(size_t));
+	struct fused_item **bl = calloc(cap, sizeof(*bl));
+	kolo_status_t st = KOLO_ENOMEM;
+	if (ars && items && batch_of && bl)
+		st = fail_and_collect(e, c, ars, items, &nar);
+	if (st == KOLO_OK)
+		st = run_batches(e, ars, items, nar, batch_of, bl, msg, len);
+	if (st == KOLO_OK)
+		st = run_others(e, c, msg, len);
+	if (ars)
+		for (size_t i = 0; i < nar; i++)
+			free(ars[i].ent);
+	free(ars);
+	free(items);
+	free(batch_of);
+	free(bl);
+	return st;
+}
