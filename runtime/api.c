@@ -1,5 +1,5 @@
-/* The public getters and blocking collectives of kolo.h: argument checks,
- * then delegation to ring/. */
+/* The public getters and blocking collectives of kolo.h: the argument checks
+ * of args.c (shared with the async API), then delegation to ring/. */
 #include "runtime.h"
 
 #include "fusion.h"
@@ -47,63 +47,7 @@ KOLO_API const char *kolo_last_error(const kolo_comm_t *comm)
 	return comm ? comm->err.msg : "comm is NULL";
 }
 
-/* ---- argument checks -------------------------------------------------- */
-
-#define CHECK_COMM(comm)                                                                           \
-	do {                                                                                       \
-		if (!(comm) || !(comm)->ring)                                                      \
-			return KOLO_EINVAL;                                                        \
-	} while (0)
-
-static kolo_status_t check_dtype(struct kolo_comm *comm, const char *fn, kolo_dtype_t dtype)
-{
-	if ((unsigned)dtype >= KOLO_DTYPE_COUNT)
-		return kolo_comm_fail(comm, KOLO_EINVAL, "%s: invalid dtype %d", fn, (int)dtype);
-	return KOLO_OK;
-}
-
-static kolo_status_t check_op(struct kolo_comm *comm, const char *fn, kolo_op_t op)
-{
-	if ((unsigned)op >= KOLO_OP_COUNT)
-		return kolo_comm_fail(comm, KOLO_EINVAL, "%s: invalid op %d", fn, (int)op);
-	return KOLO_OK;
-}
-
-static kolo_status_t check_buf(struct kolo_comm *comm, const char *fn, const char *name,
-                               const void *buf, size_t count)
-{
-	if (!buf && count > 0)
-		return kolo_comm_fail(comm, KOLO_EINVAL, "%s: %s is NULL with %zu elements", fn,
-		                      name, count);
-	return KOLO_OK;
-}
-
-/* Elements in `count` blocks of `n`, failing on overflow of a byte count. */
-static kolo_status_t check_total(struct kolo_comm *comm, const char *fn, size_t n, size_t blocks,
-                                 kolo_dtype_t dtype, size_t *total)
-{
-	size_t es = kolo_dtype_size(dtype);
-	if (blocks && n > SIZE_MAX / blocks / es)
-		return kolo_comm_fail(comm, KOLO_EINVAL, "%s: %zu x %zu elements overflow", fn, n,
-		                      blocks);
-	*total = n * blocks;
-	return KOLO_OK;
-}
-
-static kolo_status_t check_counts(struct kolo_comm *comm, const char *fn, const char *name,
-                                  const size_t *counts, kolo_dtype_t dtype, size_t *total)
-{
-	if (!counts)
-		return kolo_comm_fail(comm, KOLO_EINVAL, "%s: %s is NULL", fn, name);
-	size_t es = kolo_dtype_size(dtype), sum = 0;
-	for (int i = 0; i < comm->assignment.size; i++) {
-		if (counts[i] > SIZE_MAX / es - sum)
-			return kolo_comm_fail(comm, KOLO_EINVAL, "%s: %s overflow", fn, name);
-		sum += counts[i];
-	}
-	*total = sum;
-	return KOLO_OK;
-}
+/* ---- running a collective --------------------------------------------- */
 
 static kolo_status_t ring_result(struct kolo_comm *comm, const char *fn, kolo_status_t st)
 {
@@ -189,13 +133,8 @@ KOLO_API kolo_status_t kolo_allreduce_scaled(kolo_comm_t *comm, const void *send
                                              double prescale, double postscale)
 {
 	static const char fn[] = "kolo_allreduce";
-	size_t total = 0;
-	CHECK_COMM(comm);
-	KOLO_CHECK(check_dtype(comm, fn, dtype));
-	KOLO_CHECK(check_op(comm, fn, op));
-	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, count));
-	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf, count));
-	KOLO_CHECK(check_total(comm, fn, count, 1, dtype, &total));
+	KOLO_CHECK(
+	        kolo_args_allreduce(comm, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
 	return run(comm, fn,
 	           &(struct coll){.kind = C_ALLREDUCE,
 	                          .send = sendbuf,
@@ -216,17 +155,15 @@ KOLO_API kolo_status_t kolo_allreduce(kolo_comm_t *comm, const void *sendbuf, vo
 KOLO_API kolo_status_t kolo_allgatherv(kolo_comm_t *comm, const void *sendbuf, size_t sendcount,
                                        void *recvbuf, const size_t *recvcounts, kolo_dtype_t dtype)
 {
-	static const char fn[] = "kolo_allgatherv";
+	static const char fn[] = "kolo_allgatherv", coll[] = "allgather";
 	size_t total = 0;
-	CHECK_COMM(comm);
-	KOLO_CHECK(check_dtype(comm, fn, dtype));
-	KOLO_CHECK(check_counts(comm, fn, "recvcounts", recvcounts, dtype, &total));
-	if (sendcount != recvcounts[comm->assignment.rank])
-		return kolo_comm_fail(
-		        comm, KOLO_EINVAL, "%s: sendcount %zu differs from recvcounts[%d] = %zu",
-		        fn, sendcount, comm->assignment.rank, recvcounts[comm->assignment.rank]);
-	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, sendcount));
-	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf, total));
+	KOLO_CHECK(kolo_args_allgather(comm, sendbuf, sendcount, dtype));
+	KOLO_CHECK(kolo_args_counts(comm, coll, "recvcounts", recvcounts, dtype, &total));
+	int rank = comm->assignment.rank;
+	if (sendcount != recvcounts[rank])
+		return kolo_args_fail(comm, coll, "sendcount %zu differs from recvcounts[%d] = %zu",
+		                      sendcount, rank, recvcounts[rank]);
+	KOLO_CHECK(kolo_args_buf(comm, coll, "recvbuf", recvbuf, total));
 	return run(comm, fn,
 	           &(struct coll){.kind = C_ALLGATHERV,
 	                          .send = sendbuf,
@@ -238,13 +175,12 @@ KOLO_API kolo_status_t kolo_allgatherv(kolo_comm_t *comm, const void *sendbuf, s
 KOLO_API kolo_status_t kolo_allgather(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
                                       size_t count, kolo_dtype_t dtype)
 {
-	static const char fn[] = "kolo_allgather";
+	static const char fn[] = "kolo_allgather", coll[] = "allgather";
 	size_t total = 0;
-	CHECK_COMM(comm);
-	KOLO_CHECK(check_dtype(comm, fn, dtype));
-	KOLO_CHECK(check_total(comm, fn, count, (size_t)comm->assignment.size, dtype, &total));
-	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, count));
-	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf, total));
+	KOLO_CHECK(kolo_args_allgather(comm, sendbuf, count, dtype));
+	KOLO_CHECK(kolo_args_elements(comm, coll, count, (size_t)comm->assignment.size, dtype,
+	                              &total));
+	KOLO_CHECK(kolo_args_buf(comm, coll, "recvbuf", recvbuf, total));
 	size_t *counts = counts_alloc(comm, fn, count);
 	if (!counts)
 		return KOLO_ENOMEM;
@@ -262,14 +198,7 @@ KOLO_API kolo_status_t kolo_broadcast(kolo_comm_t *comm, void *buf, size_t count
                                       kolo_dtype_t dtype, int root)
 {
 	static const char fn[] = "kolo_broadcast";
-	size_t total = 0;
-	CHECK_COMM(comm);
-	KOLO_CHECK(check_dtype(comm, fn, dtype));
-	if (root < 0 || root >= comm->assignment.size)
-		return kolo_comm_fail(comm, KOLO_EINVAL, "%s: root %d is not a rank of 0..%d", fn,
-		                      root, comm->assignment.size - 1);
-	KOLO_CHECK(check_buf(comm, fn, "buf", buf, count));
-	KOLO_CHECK(check_total(comm, fn, count, 1, dtype, &total));
+	KOLO_CHECK(kolo_args_broadcast(comm, buf, count, dtype, root));
 	return run(comm, fn,
 	           &(struct coll){.kind = C_BROADCAST,
 	                          .recv = buf,
@@ -282,15 +211,8 @@ KOLO_API kolo_status_t kolo_reducescatter(kolo_comm_t *comm, const void *sendbuf
                                           size_t count, kolo_dtype_t dtype, kolo_op_t op)
 {
 	static const char fn[] = "kolo_reducescatter";
-	size_t total = 0;
-	CHECK_COMM(comm);
-	KOLO_CHECK(check_dtype(comm, fn, dtype));
-	KOLO_CHECK(check_op(comm, fn, op));
-	KOLO_CHECK(check_total(comm, fn, count, 1, dtype, &total));
-	int size = comm->assignment.size, rank = comm->assignment.rank;
-	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, count));
-	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf,
-	                     kolo_reducescatter_count(count, size, rank)));
+	KOLO_CHECK(kolo_args_reducescatter(comm, sendbuf, recvbuf, count, dtype, op, 1.0, 1.0));
+	int size = comm->assignment.size;
 	size_t *counts = counts_alloc(comm, fn, 0);
 	if (!counts)
 		return KOLO_ENOMEM;
@@ -313,14 +235,14 @@ KOLO_API kolo_status_t kolo_alltoallv(kolo_comm_t *comm, const void *sendbuf,
                                       const size_t *sendcounts, void *recvbuf,
                                       const size_t *recvcounts, kolo_dtype_t dtype)
 {
-	static const char fn[] = "kolo_alltoallv";
-	size_t stotal = 0, rtotal = 0;
-	CHECK_COMM(comm);
-	KOLO_CHECK(check_dtype(comm, fn, dtype));
-	KOLO_CHECK(check_counts(comm, fn, "sendcounts", sendcounts, dtype, &stotal));
-	KOLO_CHECK(check_counts(comm, fn, "recvcounts", recvcounts, dtype, &rtotal));
-	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, stotal));
-	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf, rtotal));
+	static const char fn[] = "kolo_alltoallv", coll[] = "alltoall";
+	size_t rtotal = 0;
+	/* Unlike kolo_alltoall_async's, these sendcounts are not optional. */
+	KOLO_CHECK(kolo_args_comm(comm, coll));
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "sendcounts", sendcounts));
+	KOLO_CHECK(kolo_args_alltoall(comm, sendbuf, 0, sendcounts, dtype, NULL));
+	KOLO_CHECK(kolo_args_counts(comm, coll, "recvcounts", recvcounts, dtype, &rtotal));
+	KOLO_CHECK(kolo_args_buf(comm, coll, "recvbuf", recvbuf, rtotal));
 	return run(comm, fn,
 	           &(struct coll){.kind = C_ALLTOALLV,
 	                          .send = sendbuf,
@@ -333,13 +255,14 @@ KOLO_API kolo_status_t kolo_alltoallv(kolo_comm_t *comm, const void *sendbuf,
 KOLO_API kolo_status_t kolo_alltoall(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
                                      size_t count, kolo_dtype_t dtype)
 {
-	static const char fn[] = "kolo_alltoall";
+	static const char fn[] = "kolo_alltoall", coll[] = "alltoall";
 	size_t total = 0;
-	CHECK_COMM(comm);
-	KOLO_CHECK(check_dtype(comm, fn, dtype));
-	KOLO_CHECK(check_total(comm, fn, count, (size_t)comm->assignment.size, dtype, &total));
-	KOLO_CHECK(check_buf(comm, fn, "sendbuf", sendbuf, total));
-	KOLO_CHECK(check_buf(comm, fn, "recvbuf", recvbuf, total));
+	KOLO_CHECK(kolo_args_comm(comm, coll));
+	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
+	KOLO_CHECK(kolo_args_elements(comm, coll, count, (size_t)comm->assignment.size, dtype,
+	                              &total));
+	KOLO_CHECK(kolo_args_alltoall(comm, sendbuf, total, NULL, dtype, NULL));
+	KOLO_CHECK(kolo_args_buf(comm, coll, "recvbuf", recvbuf, total));
 	size_t *counts = counts_alloc(comm, fn, count);
 	if (!counts)
 		return KOLO_ENOMEM;
@@ -356,6 +279,6 @@ KOLO_API kolo_status_t kolo_alltoall(kolo_comm_t *comm, const void *sendbuf, voi
 
 KOLO_API kolo_status_t kolo_barrier(kolo_comm_t *comm)
 {
-	CHECK_COMM(comm);
+	KOLO_CHECK(kolo_args_comm(comm, "barrier"));
 	return run(comm, "kolo_barrier", &(struct coll){.kind = C_BARRIER});
 }

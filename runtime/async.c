@@ -1,17 +1,16 @@
-/* async: the public async API of kolo/async.h. Creates the fusion engine on
- * the comm at first use and hands every operation to it. */
+/* async: the public async API of kolo/async.h. Checks the arguments with
+ * args.c (as the blocking API does), creates the fusion engine on the comm at
+ * first use and hands every operation to it. */
 #include "fusion.h"
 #include "runtime.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* The comm's engine, created on first use. */
+/* The comm's engine, created on first use. comm has passed kolo_args_comm. */
 static kolo_status_t engine_of(struct kolo_comm *comm, struct kolo_engine **out)
 {
 	*out = NULL;
-	if (!comm || !comm->ring)
-		return KOLO_EINVAL;
 	pthread_mutex_lock(&comm->engine_lock);
 	kolo_status_t st = KOLO_OK;
 	if (!comm->engine) {
@@ -29,11 +28,10 @@ static kolo_status_t engine_of(struct kolo_comm *comm, struct kolo_engine **out)
 	return st;
 }
 
+/* op's arguments have passed args.c. */
 static kolo_status_t submit(struct kolo_comm *comm, struct kolo_engine_op *op,
                             kolo_handle_t **handle)
 {
-	if (handle)
-		*handle = NULL;
 	struct kolo_engine *e;
 	kolo_status_t st = engine_of(comm, &e);
 	if (st != KOLO_OK)
@@ -52,6 +50,11 @@ KOLO_API kolo_status_t kolo_allreduce_async(kolo_comm_t *comm, const char *name,
                                             double postscale, kolo_callback_fn cb, void *cb_arg,
                                             kolo_handle_t **handle)
 {
+	if (handle)
+		*handle = NULL;
+	KOLO_CHECK(
+	        kolo_args_allreduce(comm, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
+	KOLO_CHECK(kolo_args_name(comm, "allreduce", "name", name));
 	struct kolo_engine_op o = {
 	        .kind = KOLO_FK_ALLREDUCE,
 	        .name = name,
@@ -74,6 +77,10 @@ KOLO_API kolo_status_t kolo_grouped_allreduce_async(
         double prescale, double postscale, kolo_callback_fn cb, void *cb_arg,
         kolo_handle_t **handle)
 {
+	if (handle)
+		*handle = NULL;
+	KOLO_CHECK(kolo_args_grouped_allreduce(comm, n, names, sendbufs, recvbufs, counts, dtype,
+	                                       op, prescale, postscale));
 	struct kolo_engine_op o = {
 	        .kind = KOLO_FK_GROUP,
 	        .dtype = dtype,
@@ -97,6 +104,13 @@ KOLO_API kolo_status_t kolo_allgather_async(kolo_comm_t *comm, const char *name,
                                             kolo_callback_fn cb, void *cb_arg,
                                             kolo_handle_t **handle)
 {
+	static const char coll[] = "allgather";
+	if (handle)
+		*handle = NULL;
+	KOLO_CHECK(kolo_args_allgather(comm, sendbuf, sendcount, dtype));
+	KOLO_CHECK(kolo_args_name(comm, coll, "name", name));
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "recvbuf", recvbuf));
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "recvcounts", recvcounts));
 	struct kolo_engine_op o = {
 	        .kind = KOLO_FK_ALLGATHER,
 	        .name = name,
@@ -116,6 +130,10 @@ KOLO_API kolo_status_t kolo_broadcast_async(kolo_comm_t *comm, const char *name,
                                             kolo_callback_fn cb, void *cb_arg,
                                             kolo_handle_t **handle)
 {
+	if (handle)
+		*handle = NULL;
+	KOLO_CHECK(kolo_args_broadcast(comm, buf, count, dtype, root));
+	KOLO_CHECK(kolo_args_name(comm, "broadcast", "name", name));
 	struct kolo_engine_op o = {
 	        .kind = KOLO_FK_BROADCAST,
 	        .name = name,
@@ -135,11 +153,20 @@ KOLO_API kolo_status_t kolo_alltoall_async(kolo_comm_t *comm, const char *name, 
                                            kolo_callback_fn cb, void *cb_arg,
                                            kolo_handle_t **handle)
 {
+	static const char coll[] = "alltoall";
+	size_t total = 0;
+	if (handle)
+		*handle = NULL;
+	KOLO_CHECK(kolo_args_alltoall(comm, sendbuf, count, sendcounts, dtype, &total));
+	KOLO_CHECK(kolo_args_name(comm, coll, "name", name));
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "recvbuf", recvbuf));
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "recvcounts", recvcounts));
+	/* The engine takes count as the total of the sendcounts. */
 	struct kolo_engine_op o = {
 	        .kind = KOLO_FK_ALLTOALL,
 	        .name = name,
 	        .dtype = dtype,
-	        .count = count,
+	        .count = total,
 	        .sendcounts = sendcounts,
 	        .sendbuf = sendbuf,
 	        .recvbuf_out = recvbuf,
@@ -147,13 +174,6 @@ KOLO_API kolo_status_t kolo_alltoall_async(kolo_comm_t *comm, const char *name, 
 	        .cb = cb,
 	        .cb_arg = cb_arg,
 	};
-	if (sendcounts && comm) {
-		/* count is the total of the sendcounts. */
-		size_t sum = 0;
-		for (int i = 0; i < comm->assignment.size; i++)
-			sum += sendcounts[i];
-		o.count = sum;
-	}
 	return submit(comm, &o, handle);
 }
 
@@ -163,6 +183,11 @@ KOLO_API kolo_status_t kolo_reducescatter_async(kolo_comm_t *comm, const char *n
                                                 double postscale, kolo_callback_fn cb, void *cb_arg,
                                                 kolo_handle_t **handle)
 {
+	if (handle)
+		*handle = NULL;
+	KOLO_CHECK(kolo_args_reducescatter(comm, sendbuf, recvbuf, count, dtype, op, prescale,
+	                                   postscale));
+	KOLO_CHECK(kolo_args_name(comm, "reducescatter", "name", name));
 	struct kolo_engine_op o = {
 	        .kind = KOLO_FK_REDUCESCATTER,
 	        .name = name,
@@ -182,6 +207,9 @@ KOLO_API kolo_status_t kolo_reducescatter_async(kolo_comm_t *comm, const char *n
 KOLO_API kolo_status_t kolo_barrier_async(kolo_comm_t *comm, kolo_callback_fn cb, void *cb_arg,
                                           kolo_handle_t **handle)
 {
+	if (handle)
+		*handle = NULL;
+	KOLO_CHECK(kolo_args_comm(comm, "barrier"));
 	struct kolo_engine_op o = {.kind = KOLO_FK_BARRIER, .cb = cb, .cb_arg = cb_arg};
 	return submit(comm, &o, handle);
 }
@@ -217,6 +245,7 @@ KOLO_API void kolo_free(void *ptr)
 
 KOLO_API kolo_status_t kolo_join(kolo_comm_t *comm, int *last_rank)
 {
+	KOLO_CHECK(kolo_args_comm(comm, "join"));
 	struct kolo_engine *e;
 	kolo_status_t st = engine_of(comm, &e);
 	if (st != KOLO_OK)
@@ -234,6 +263,7 @@ KOLO_API kolo_status_t kolo_join(kolo_comm_t *comm, int *last_rank)
 
 KOLO_API kolo_status_t kolo_timeline_start(kolo_comm_t *comm, const char *path)
 {
+	KOLO_CHECK(kolo_args_comm(comm, "timeline"));
 	struct kolo_engine *e;
 	kolo_status_t st = engine_of(comm, &e);
 	if (st != KOLO_OK)

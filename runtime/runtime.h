@@ -87,4 +87,68 @@ kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm);
 void kolo_runtime_elastic_stop(struct kolo_comm *comm);
 kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st);
 
+/* ---- argument checks (args.c) ------------------------------------------
+ * The one judge of the public collectives' arguments: the blocking entry
+ * points (api.c) and the async ones (async.c) call these before anything
+ * runs, so the same bad call gets the same status and message on both. Each
+ * returns KOLO_OK, or KOLO_EINVAL with comm's last error set to
+ * "<collective>: <what is wrong>", where <collective> is the family's name
+ * ("allreduce", "allgather" for allgather(v), "alltoall" for alltoall(v),
+ * ...), never the entry point's. A NULL comm is KOLO_EINVAL with no message
+ * (kolo_last_error(NULL) says "comm is NULL"). The layers below may assert
+ * what these check, but do not judge it again. */
+
+/* The per-collective checks both paths share, in this order: comm, dtype,
+ * op, scale factors (finite), byte counts (no size_t overflow), buffers (NULL
+ * only with 0 elements), root. reducescatter's recvbuf holds this rank's
+ * block (kolo_reducescatter_count). */
+kolo_status_t kolo_args_allreduce(struct kolo_comm *comm, const void *sendbuf, const void *recvbuf,
+                                  size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                  double postscale);
+kolo_status_t kolo_args_reducescatter(struct kolo_comm *comm, const void *sendbuf,
+                                      const void *recvbuf, size_t count, kolo_dtype_t dtype,
+                                      kolo_op_t op, double prescale, double postscale);
+kolo_status_t kolo_args_broadcast(struct kolo_comm *comm, const void *buf, size_t count,
+                                  kolo_dtype_t dtype, int root);
+/* The sending side of allgather(v): this rank's sendcount elements. */
+kolo_status_t kolo_args_allgather(struct kolo_comm *comm, const void *sendbuf, size_t sendcount,
+                                  kolo_dtype_t dtype);
+/* The sending side of alltoall(v): sendcounts[j] elements to rank j, or, with
+ * sendcounts NULL, count elements in total split evenly over the ranks.
+ * *total (may be NULL) gets the elements sent. */
+kolo_status_t kolo_args_alltoall(struct kolo_comm *comm, const void *sendbuf, size_t count,
+                                 const size_t *sendcounts, kolo_dtype_t dtype, size_t *total);
+/* n >= 1 tensors, each named (distinct, as kolo_args_name) with its buffers;
+ * the counts together must fit in size_t bytes. */
+kolo_status_t kolo_args_grouped_allreduce(struct kolo_comm *comm, int n, const char *const *names,
+                                          const void *const *sendbufs, void *const *recvbufs,
+                                          const size_t *counts, kolo_dtype_t dtype, kolo_op_t op,
+                                          double prescale, double postscale);
+
+/* The pieces, for what only one path has (a receive side, an async name or
+ * output pointer). comm must have passed kolo_args_comm. */
+kolo_status_t kolo_args_comm(struct kolo_comm *comm, const char *coll);
+kolo_status_t kolo_args_dtype(struct kolo_comm *comm, const char *coll, kolo_dtype_t dtype);
+/* blocks x count elements of dtype fit in size_t bytes; *total (may be NULL)
+ * gets blocks x count. */
+kolo_status_t kolo_args_elements(struct kolo_comm *comm, const char *coll, size_t count,
+                                 size_t blocks, kolo_dtype_t dtype, size_t *total);
+/* counts (what: its name in the message) is not NULL and its kolo_size()
+ * entries add up to bytes that fit in size_t; *total (may be NULL) gets the
+ * sum. */
+kolo_status_t kolo_args_counts(struct kolo_comm *comm, const char *coll, const char *what,
+                               const size_t *counts, kolo_dtype_t dtype, size_t *total);
+/* buf may be NULL only when it holds 0 elements. */
+kolo_status_t kolo_args_buf(struct kolo_comm *comm, const char *coll, const char *what,
+                            const void *buf, size_t count);
+/* A pointer the call cannot do without (an output, an array). */
+kolo_status_t kolo_args_ptr(struct kolo_comm *comm, const char *coll, const char *what,
+                            const void *ptr);
+/* An async operation's name: not NULL, 1 to 1023 bytes. */
+kolo_status_t kolo_args_name(struct kolo_comm *comm, const char *coll, const char *what,
+                             const char *name);
+/* Formats "<coll>: <fmt...>" as comm's last error; returns KOLO_EINVAL. */
+kolo_status_t kolo_args_fail(struct kolo_comm *comm, const char *coll, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+
 #endif /* KOLO_RUNTIME_H */

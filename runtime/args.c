@@ -1,0 +1,246 @@
+/* args: the one judge of a public collective's arguments (runtime.h). The
+ * blocking entry points (api.c) and the async ones (async.c) call the same
+ * functions here before anything runs, so a bad call gets the same status and
+ * the same message on both paths, and the layers below (ring/, fusion/) never
+ * see one. */
+#include "runtime.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The longest name of an async operation, as fusion's negotiation takes it. */
+#define NAME_MAX_BYTES 1023
+
+kolo_status_t kolo_args_fail(struct kolo_comm *comm, const char *coll, const char *fmt, ...)
+{
+	char what[KOLO_ERRBUF_SIZE];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	return kolo_comm_fail(comm, KOLO_EINVAL, "%s: %s", coll, what);
+}
+
+kolo_status_t kolo_args_comm(struct kolo_comm *comm, const char *coll)
+{
+	/* No comm, no place for a message: kolo_last_error(NULL) says why. */
+	if (!comm)
+		return KOLO_EINVAL;
+	if (!comm->ring)
+		return kolo_args_fail(comm, coll,
+		                      "the comm has no data plane (finalized, or its "
+		                      "last re-form did not complete)");
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_args_dtype(struct kolo_comm *comm, const char *coll, kolo_dtype_t dtype)
+{
+	if ((unsigned)dtype >= KOLO_DTYPE_COUNT)
+		return kolo_args_fail(comm, coll, "invalid dtype %d", (int)dtype);
+	return KOLO_OK;
+}
+
+/* Every op is defined on every dtype (ring/reduce.c has a kernel for each
+ * pair; AVERAGE on integers rounds like any integer scaling), so there is no
+ * op/dtype rule to check beyond the op's range. */
+static kolo_status_t check_op(struct kolo_comm *comm, const char *coll, kolo_op_t op)
+{
+	if ((unsigned)op >= KOLO_OP_COUNT)
+		return kolo_args_fail(comm, coll, "invalid op %d", (int)op);
+	return KOLO_OK;
+}
+
+/* A NaN or infinite factor would turn every element into NaN or Inf (and
+ * integers into undefined conversions). */
+static kolo_status_t check_scales(struct kolo_comm *comm, const char *coll, double prescale,
+                                  double postscale)
+{
+	if (!isfinite(prescale))
+		return kolo_args_fail(comm, coll, "prescale %g is not finite", prescale);
+	if (!isfinite(postscale))
+		return kolo_args_fail(comm, coll, "postscale %g is not finite", postscale);
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_args_elements(struct kolo_comm *comm, const char *coll, size_t count,
+                                 size_t blocks, kolo_dtype_t dtype, size_t *total)
+{
+	size_t es = kolo_dtype_size(dtype);
+	if (blocks && count > SIZE_MAX / blocks / es) {
+		if (blocks == 1)
+			return kolo_args_fail(
+			        comm, coll, "%zu elements of %zu bytes overflow size_t", count, es);
+		return kolo_args_fail(comm, coll, "%zu x %zu elements of %zu bytes overflow size_t",
+		                      blocks, count, es);
+	}
+	if (total)
+		*total = count * blocks;
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_args_counts(struct kolo_comm *comm, const char *coll, const char *what,
+                               const size_t *counts, kolo_dtype_t dtype, size_t *total)
+{
+	if (!counts)
+		return kolo_args_fail(comm, coll, "%s is NULL", what);
+	size_t es = kolo_dtype_size(dtype), sum = 0;
+	for (int i = 0; i < comm->assignment.size; i++) {
+		if (counts[i] > SIZE_MAX / es - sum)
+			return kolo_args_fail(comm, coll,
+			                      "%s[0..%d] add up to more bytes than size_t holds",
+			                      what, i);
+		sum += counts[i];
+	}
+	if (total)
+		*total = sum;
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_args_buf(struct kolo_comm *comm, const char *coll, const char *what,
+                            const void *buf, size_t count)
+{
+	if (!buf && count > 0)
+		return kolo_args_fail(comm, coll, "%s is NULL with %zu elements", what, count);
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_args_ptr(struct kolo_comm *comm, const char *coll, const char *what,
+                            const void *ptr)
+{
+	if (!ptr)
+		return kolo_args_fail(comm, coll, "%s is NULL", what);
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_args_name(struct kolo_comm *comm, const char *coll, const char *what,
+                             const char *name)
+{
+	if (!name)
+		return kolo_args_fail(comm, coll, "%s is NULL", what);
+	size_t len = strlen(name);
+	if (len == 0)
+		return kolo_args_fail(comm, coll, "%s is empty", what);
+	if (len > NAME_MAX_BYTES)
+		return kolo_args_fail(comm, coll, "%s has %zu bytes, more than %d", what, len,
+		                      NAME_MAX_BYTES);
+	return KOLO_OK;
+}
+
+/* ---- one function per collective: the checks both paths share ---------- */
+
+kolo_status_t kolo_args_allreduce(struct kolo_comm *comm, const void *sendbuf, const void *recvbuf,
+                                  size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                  double postscale)
+{
+	static const char coll[] = "allreduce";
+	KOLO_CHECK(kolo_args_comm(comm, coll));
+	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
+	KOLO_CHECK(check_op(comm, coll, op));
+	KOLO_CHECK(check_scales(comm, coll, prescale, postscale));
+	KOLO_CHECK(kolo_args_elements(comm, coll, count, 1, dtype, NULL));
+	KOLO_CHECK(kolo_args_buf(comm, coll, "sendbuf", sendbuf, count));
+	return kolo_args_buf(comm, coll, "recvbuf", recvbuf, count);
+}
+
+kolo_status_t kolo_args_reducescatter(struct kolo_comm *comm, const void *sendbuf,
+                                      const void *recvbuf, size_t count, kolo_dtype_t dtype,
+                                      kolo_op_t op, double prescale, double postscale)
+{
+	static const char coll[] = "reducescatter";
+	KOLO_CHECK(kolo_args_comm(comm, coll));
+	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
+	KOLO_CHECK(check_op(comm, coll, op));
+	KOLO_CHECK(check_scales(comm, coll, prescale, postscale));
+	KOLO_CHECK(kolo_args_elements(comm, coll, count, 1, dtype, NULL));
+	KOLO_CHECK(kolo_args_buf(comm, coll, "sendbuf", sendbuf, count));
+	return kolo_args_buf(
+	        comm, coll, "recvbuf", recvbuf,
+	        kolo_reducescatter_count(count, comm->assignment.size, comm->assignment.rank));
+}
+
+kolo_status_t kolo_args_broadcast(struct kolo_comm *comm, const void *buf, size_t count,
+                                  kolo_dtype_t dtype, int root)
+{
+	static const char coll[] = "broadcast";
+	KOLO_CHECK(kolo_args_comm(comm, coll));
+	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
+	if (root < 0 || root >= comm->assignment.size)
+		return kolo_args_fail(comm, coll, "root %d is not a rank of 0..%d", root,
+		                      comm->assignment.size - 1);
+	KOLO_CHECK(kolo_args_elements(comm, coll, count, 1, dtype, NULL));
+	return kolo_args_buf(comm, coll, "buf", buf, count);
+}
+
+kolo_status_t kolo_args_allgather(struct kolo_comm *comm, const void *sendbuf, size_t sendcount,
+                                  kolo_dtype_t dtype)
+{
+	static const char coll[] = "allgather";
+	KOLO_CHECK(kolo_args_comm(comm, coll));
+	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
+	KOLO_CHECK(kolo_args_elements(comm, coll, sendcount, 1, dtype, NULL));
+	return kolo_args_buf(comm, coll, "sendbuf", sendbuf, sendcount);
+}
+
+kolo_status_t kolo_args_alltoall(struct kolo_comm *comm, const void *sendbuf, size_t count,
+                                 const size_t *sendcounts, kolo_dtype_t dtype, size_t *total)
+{
+	static const char coll[] = "alltoall";
+	KOLO_CHECK(kolo_args_comm(comm, coll));
+	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
+	size_t sum = count;
+	if (sendcounts) {
+		KOLO_CHECK(kolo_args_counts(comm, coll, "sendcounts", sendcounts, dtype, &sum));
+	} else {
+		KOLO_CHECK(kolo_args_elements(comm, coll, count, 1, dtype, NULL));
+		if (count % (size_t)comm->assignment.size)
+			return kolo_args_fail(comm, coll,
+			                      "count %zu does not split evenly over %d ranks",
+			                      count, comm->assignment.size);
+	}
+	KOLO_CHECK(kolo_args_buf(comm, coll, "sendbuf", sendbuf, sum));
+	if (total)
+		*total = sum;
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_args_grouped_allreduce(struct kolo_comm *comm, int n, const char *const *names,
+                                          const void *const *sendbufs, void *const *recvbufs,
+                                          const size_t *counts, kolo_dtype_t dtype, kolo_op_t op,
+                                          double prescale, double postscale)
+{
+	static const char coll[] = "grouped allreduce";
+	KOLO_CHECK(kolo_args_comm(comm, coll));
+	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
+	KOLO_CHECK(check_op(comm, coll, op));
+	KOLO_CHECK(check_scales(comm, coll, prescale, postscale));
+	if (n < 1)
+		return kolo_args_fail(comm, coll, "n is %d; a group needs at least one tensor", n);
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "names", names));
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "sendbufs", sendbufs));
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "recvbufs", recvbufs));
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "counts", counts));
+	/* The group is reduced in one fusion buffer: its total must fit too. */
+	size_t es = kolo_dtype_size(dtype), sum = 0;
+	char what[32];
+	for (int i = 0; i < n; i++) {
+		snprintf(what, sizeof(what), "names[%d]", i);
+		KOLO_CHECK(kolo_args_name(comm, coll, what, names[i]));
+		for (int j = 0; j < i; j++)
+			if (strcmp(names[i], names[j]) == 0)
+				return kolo_args_fail(comm, coll,
+				                      "names[%d] and names[%d] are both '%s'", j, i,
+				                      names[i]);
+		if (counts[i] > SIZE_MAX / es - sum)
+			return kolo_args_fail(
+			        comm, coll, "counts[0..%d] add up to more bytes than size_t holds",
+			        i);
+		sum += counts[i];
+		snprintf(what, sizeof(what), "sendbufs[%d]", i);
+		KOLO_CHECK(kolo_args_buf(comm, coll, what, sendbufs[i], counts[i]));
+		snprintf(what, sizeof(what), "recvbufs[%d]", i);
+		KOLO_CHECK(kolo_args_buf(comm, coll, what, recvbufs[i], counts[i]));
+	}
+	return KOLO_OK;
+}
