@@ -49,6 +49,11 @@ struct kolo_transport_config {
 	const char *route_to; /* host whose route picks the default address, or NULL */
 	int socket_buffer;    /* SO_SNDBUF/SO_RCVBUF; 0 keeps autotuning */
 	int spin_us;          /* busy-poll time before wait() blocks */
+	/* Liveness probe of peers on other hosts (TCP; docs/elastic.md): one
+	 * byte every probe_ms, a loss after probe_timeout_ms without a TCP
+	 * acknowledgement. 0 disables it. */
+	int probe_ms;
+	int probe_timeout_ms;
 };
 
 struct kolo_transport_ops;
@@ -113,6 +118,10 @@ struct kolo_transport_ops {
 	 * transports at once (the runtime combines shared memory inside a host
 	 * with TCP between hosts). The fd stays owned by the transport. */
 	int (*poll_fd)(struct kolo_transport *t);
+	/* Optional (may be NULL): whether peer_rank's host stopped answering at
+	 * the network level (no acknowledgement within probe_timeout_ms), as
+	 * opposed to a peer that closed, reset or was slow. Thread-safe. */
+	bool (*unreachable)(struct kolo_transport *t, int peer_rank);
 };
 
 static inline kolo_status_t kolo_isend(struct kolo_conn *c, const void *buf, size_t len,

@@ -269,6 +269,12 @@ static int hybrid_poll_fd(struct kolo_transport *t)
 	return h->local ? -1 : (h->net->ops->poll_fd ? h->net->ops->poll_fd(h->net) : -1);
 }
 
+static bool hybrid_unreachable(struct kolo_transport *t, int peer_rank)
+{
+	struct hybrid *h = hy(t);
+	return h->net->ops->unreachable && h->net->ops->unreachable(h->net, peer_rank);
+}
+
 static const struct kolo_transport_ops hybrid_ops = {
         .name = "hybrid",
         .create = hybrid_create_op,
@@ -283,6 +289,7 @@ static const struct kolo_transport_ops hybrid_ops = {
         .close = hybrid_close,
         .destroy = hybrid_destroy,
         .poll_fd = hybrid_poll_fd,
+        .unreachable = hybrid_unreachable,
 };
 
 kolo_status_t kolo_hybrid_create(const struct kolo_transport_config *cfg, const bool *same_host,

@@ -215,6 +215,9 @@ kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
 	        .route_to = comm->route_to[0] ? comm->route_to : NULL,
 	        .socket_buffer = (int)kolo_param_int(KOLO_P_SOCKET_BUFFER),
 	        .spin_us = (int)kolo_param_int(KOLO_P_SPIN_US),
+	        .probe_ms = (int)KOLO_MIN(KOLO_MAX(kolo_param_int(KOLO_P_PROBE_MS), 0), INT32_MAX),
+	        .probe_timeout_ms = (int)KOLO_MIN(
+	                KOLO_MAX(kolo_param_int(KOLO_P_PROBE_TIMEOUT_MS), 1), INT32_MAX),
 	};
 	bool *same_host = calloc((size_t)a->size, sizeof(bool));
 	if (!same_host)

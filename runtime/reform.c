@@ -155,13 +155,40 @@ KOLO_API void kolo_elastic_leave(void)
  * found by a timeout blames whichever peer it was waiting for, often a live
  * one): then every rank of the old round without an alive key is reported.
  * Not after a commit point (failure false): everybody is alive then. */
+/* Ranks of the old round whose hosts the transport found silent (the
+ * liveness probe); the first KOLO_ARRAY_SIZE(ranks) of them. */
+struct lost_ranks {
+	int ranks[64];
+	int n;
+};
+
+static void collect_lost(struct kolo_transport *t, int old_size, struct lost_ranks *out)
+{
+	out->n = 0;
+	if (!t || !t->ops->unreachable)
+		return;
+	for (int r = 0; r < old_size && out->n < (int)KOLO_ARRAY_SIZE(out->ranks); r++)
+		if (t->ops->unreachable(t, r))
+			out->ranks[out->n++] = r;
+}
+
 static kolo_status_t next_round(struct kolo_comm *comm, int64_t after, int old_rank, int old_size,
-                                int suspect, bool failure, uint64_t end_ms,
-                                struct kolo_rdzv_assignment *out)
+                                int suspect, const struct lost_ranks *lost, bool failure,
+                                uint64_t end_ms, struct kolo_rdzv_assignment *out)
 {
 	int confirm = (int)kolo_param_int(KOLO_P_ELASTIC_CONFIRM_MS);
 	bool scanned = !failure;
 	kolo_status_t st;
+	/* Hosts the liveness probe found silent: nothing there answers this
+	 * rank, whether their processes live (a partition) or not, and an
+	 * alive key would not make them reachable. Reported at once. */
+	for (int i = 0; failure && i < lost->n; i++) {
+		KOLO_INFO(SUBSYS, "round %" PRId64 ": rank %d's host is unreachable; reporting it",
+		          after, lost->ranks[i]);
+		kolo_rdzv_report_failure(comm->rdzv, after, lost->ranks[i]);
+		if (lost->ranks[i] == suspect)
+			suspect = -1;
+	}
 	if (suspect >= 0) {
 		bool dead = false;
 		st = kolo_elastic_confirm_dead(comm->rdzv, after, suspect, confirm, &dead);
@@ -257,6 +284,8 @@ static kolo_status_t reform(struct kolo_comm *comm)
 	bool at_commit = comm->change_at_commit;
 	comm->change_at_commit = false;
 	int suspect = comm->ring ? kolo_ring_failed_peer(comm->ring) : -1;
+	struct lost_ranks lost;
+	collect_lost(comm->transport, old_size, &lost);
 	kolo_elastic_watch(comm->elastic, 0, old_rank);
 	if (kolo_elastic_take_dropped(comm->elastic)) {
 		/* The watcher took us out while this thread was stuck: come back
@@ -275,6 +304,7 @@ static kolo_status_t reform(struct kolo_comm *comm)
 			return kolo_comm_fail(comm, rst, "kolo_reform: joining again: %s",
 			                      kolo_rdzv_client_error(comm->rdzv));
 		suspect = -1;
+		lost.n = 0;
 		at_commit = true;
 	}
 	/* Alive before we reset our conns; the round's end for everyone when
@@ -287,7 +317,8 @@ static kolo_status_t reform(struct kolo_comm *comm)
 	for (;;) {
 		struct kolo_rdzv_assignment a;
 		memset(&a, 0, sizeof(a));
-		st = next_round(comm, round, old_rank, old_size, suspect, !at_commit, end, &a);
+		st = next_round(comm, round, old_rank, old_size, suspect, &lost, !at_commit, end,
+		                &a);
 		if (st == KOLO_ETIMEDOUT)
 			return kolo_comm_fail(
 			        comm, st,
@@ -358,6 +389,7 @@ static kolo_status_t reform(struct kolo_comm *comm)
 		old_size = comm->assignment.size;
 		at_commit = false;
 		suspect = comm->ring ? kolo_ring_failed_peer(comm->ring) : -1;
+		collect_lost(comm->transport, old_size, &lost);
 		kolo_elastic_announce(comm->rdzv, round, comm->assignment.rank, true);
 		data_plane_teardown(comm);
 	}

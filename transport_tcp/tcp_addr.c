@@ -19,9 +19,10 @@
  *   [5]     4 or 6 (address family)
  *   [6,8)   port, network order
  *   [8,24)  address (4 or 16 bytes), network order
- *   [24,28) IPv6 scope id, little-endian */
+ *   [24,28) IPv6 scope id, little-endian
+ *   [28,30) port of the liveness probe listener, network order; 0: none */
 #define TCP_HANDLE_KIND 1
-#define TCP_HANDLE_USED 28
+#define TCP_HANDLE_USED 30
 _Static_assert(TCP_HANDLE_USED <= KOLO_TRANSPORT_HANDLE_SIZE, "TCP handle must fit the handle");
 
 void tcp_handle_encode(const struct sockaddr_storage *ss, struct kolo_transport_handle *h)
@@ -43,6 +44,19 @@ void tcp_handle_encode(const struct sockaddr_storage *ss, struct kolo_transport_
 		memcpy(h->bytes + 6, &a->sin_port, 2);
 		memcpy(h->bytes + 8, &a->sin_addr, 4);
 	}
+}
+
+void tcp_handle_set_probe_port(struct kolo_transport_handle *h, uint16_t port)
+{
+	uint16_t p = htons(port);
+	memcpy(h->bytes + 28, &p, 2);
+}
+
+uint16_t tcp_handle_probe_port(const struct kolo_transport_handle *h)
+{
+	uint16_t p;
+	memcpy(&p, h->bytes + 28, 2);
+	return ntohs(p);
 }
 
 kolo_status_t kolo_tcp_handle_decode(const struct kolo_transport_handle *h,

@@ -25,7 +25,7 @@
 #define NONCE_SIZE     32
 #define CHALLENGE_SIZE (8 + NONCE_SIZE)
 /* hello: magic, version, job[128], round, src, dst, tag, stream, nstreams,
- * reserved, cnonce[32], mac[32]; the MAC covers nonce || hello[0, HELLO_MAC_OFF).
+ * probe port (0: none), cnonce[32], mac[32]; the MAC covers nonce || hello[0, HELLO_MAC_OFF).
  * verdict: magic, status, reason[128], mac[32]; an acceptance's MAC covers
  * cnonce || nonce || verdict[0, VERDICT_MAC_OFF), so the connector knows that
  * the acceptor holds the token too. */
@@ -173,6 +173,7 @@ struct tcp_pending {
 	kolo_status_t verdict;
 	struct tcp_conn *target; /* accepted: the conn the stream joins */
 	int stream;
+	uint16_t probe_port; /* the connector's liveness probe listener; 0: none */
 	char peer[64];
 };
 
@@ -197,6 +198,9 @@ struct tcp_transport {
 	int epfd;
 	struct poll_ref wake_ref, listen_ref;
 	uint64_t last_sweep_ms;
+	int probe_ms, probe_timeout_ms;
+	struct tcp_probe *probe; /* NULL: no liveness probe */
+	char lost_msg[256];      /* set with the abort that a lost peer caused */
 };
 
 #define T(kt) kolo_container_of(kt, struct tcp_transport, base)
@@ -591,6 +595,7 @@ static void build_hello(struct tcp_conn *c, int idx, const uint8_t *nonce, const
 	put32(h + 152, (uint32_t)c->base.tag);
 	put32(h + 156, (uint32_t)idx);
 	put32(h + 160, (uint32_t)c->nstreams);
+	put32(h + 164, tcp_probe_port(t->probe));
 	memcpy(h + HELLO_CNONCE_OFF, cnonce, NONCE_SIZE);
 	uint8_t msg[NONCE_SIZE + HELLO_MAC_OFF];
 	memcpy(msg, nonce, NONCE_SIZE);
@@ -928,6 +933,7 @@ static void pending_check_hello(struct tcp_transport *t, struct tcp_pending *p)
 	int64_t round = (int64_t)get64(h + 136);
 	int src = (int)get32(h + 144), dst = (int)get32(h + 148), tag = (int)get32(h + 152);
 	uint32_t stream = get32(h + 156), nstreams = get32(h + 160);
+	p->probe_port = (uint16_t)get32(h + 164);
 	if (memcmp(h + 8, t->job, JOB_FIELD) != 0) {
 		refuse(t, p, KOLO_EPROTO, "job '%.64s', this endpoint is in job '%.64s'", job,
 		       t->job);
@@ -976,6 +982,8 @@ static void pending_check_hello(struct tcp_transport *t, struct tcp_pending *p)
 	pending_verdict(t, p, KOLO_OK, "accepted");
 }
 
+static bool same_host(const struct tcp_transport *t, const struct sockaddr_storage *peer);
+
 /* The verdict is written: hand an accepted stream to its conn. */
 static void pending_done(struct tcp_transport *t, struct tcp_pending *p)
 {
@@ -989,6 +997,13 @@ static void pending_done(struct tcp_transport *t, struct tcp_pending *p)
 		p->fd = -1;
 		c->nready++;
 		touch(c);
+		/* Probe the connector too: each side of a conn can find the
+		 * other's host gone, whichever one connected. */
+		struct sockaddr_storage ss;
+		socklen_t len = sizeof(ss);
+		if (t->probe && p->probe_port &&
+		    getpeername(s->fd, (struct sockaddr *)&ss, &len) == 0 && !same_host(t, &ss))
+			tcp_probe_watch(t->probe, c->base.peer_rank, &ss, len, p->probe_port);
 		KOLO_DEBUG(SUBSYS, "accepted stream %d/%d from rank %d tag %d (%s)", p->stream + 1,
 		           c->nstreams, c->base.peer_rank, c->base.tag, p->peer);
 	}
@@ -1173,6 +1188,36 @@ static void arm(struct tcp_transport *t)
 
 /* Waits for at most timeout_ms (negative: until the next deadline) and
  * progresses whatever is ready. */
+static void tcp_abort(struct kolo_transport *kt, kolo_status_t st);
+
+/* A peer the liveness probe lost fails the whole endpoint, as abort() does
+ * but with KOLO_EPEER and a message naming it: a collective that never
+ * touches the lost peer's conns (the small-message algorithms, a partition
+ * between two ranks that are not ring neighbours) must fail too, or the job
+ * would go on with a member it cannot reach. */
+static void fail_lost(struct tcp_transport *t)
+{
+	if (!tcp_probe_pending(t->probe))
+		return;
+	tcp_probe_ack(t->probe);
+	for (struct tcp_conn *c = t->conns; c; c = c->next) {
+		if (c->err || !tcp_probe_lost(t->probe, c->base.peer_rank))
+			continue;
+		conn_fail(c, KOLO_EPEER,
+		          "rank %d's host (%s) stopped answering: no TCP acknowledgement within %d "
+		          "ms (KOLO_PROBE_TIMEOUT_MS)",
+		          c->base.peer_rank, c->peer_addr, t->probe_timeout_ms);
+		if (!t->lost_msg[0])
+			snprintf(t->lost_msg, sizeof(t->lost_msg), "%s", c->errmsg);
+	}
+	if (!t->lost_msg[0])
+		snprintf(t->lost_msg, sizeof(t->lost_msg),
+		         "a peer's host stopped answering: no TCP acknowledgement within %d ms "
+		         "(KOLO_PROBE_TIMEOUT_MS)",
+		         t->probe_timeout_ms);
+	tcp_abort(&t->base, KOLO_EPEER);
+}
+
 static void progress_all(struct tcp_transport *t, int timeout_ms)
 {
 	arm(t);
@@ -1207,6 +1252,7 @@ static void progress_all(struct tcp_transport *t, int timeout_ms)
 		}
 	}
 	sweep_deadlines(t, kolo_now_ms());
+	fail_lost(t);
 	t->last_sweep_ms = kolo_now_ms();
 	/* Leave the interests current for a caller that polls poll_fd(). */
 	arm(t);
@@ -1217,6 +1263,8 @@ static void progress_all(struct tcp_transport *t, int timeout_ms)
 static kolo_status_t aborted(struct tcp_transport *t)
 {
 	int st = atomic_load_explicit(&t->abort_st, memory_order_acquire);
+	if (st && t->lost_msg[0]) /* only this thread writes lost_msg */
+		return kolo_fail(&t->base.err, (kolo_status_t)st, "%s", t->lost_msg);
 	if (st)
 		return kolo_fail(&t->base.err, (kolo_status_t)st, "the transport was aborted (%s)",
 		                 kolo_status_name((kolo_status_t)st));
@@ -1261,6 +1309,8 @@ static kolo_status_t tcp_create(const struct kolo_transport_config *cfg,
 	t->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
 	t->streams = cfg->streams > 0 ? KOLO_MIN(cfg->streams, KOLO_TCP_MAX_STREAMS) : 0;
 	t->socket_buffer = KOLO_MAX(cfg->socket_buffer, 0);
+	t->probe_ms = KOLO_MAX(cfg->probe_ms, 0);
+	t->probe_timeout_ms = KOLO_MAX(cfg->probe_timeout_ms, 1);
 	int64_t cb = kolo_param_int(KOLO_P_TCP_CHUNK_BYTES);
 	t->chunk_bytes = (size_t)KOLO_MIN(KOLO_MAX(cb, (int64_t)MIN_CHUNK), (int64_t)MAX_CHUNK);
 	t->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -1324,6 +1374,18 @@ static kolo_status_t tcp_listen(struct kolo_transport *kt, struct kolo_transport
 	}
 	t->listen_fd = fd;
 	tcp_handle_encode(&t->addr, out);
+	if (t->probe_ms > 0) {
+		struct tcp_probe_config pc = {.period_ms = t->probe_ms,
+		                              .timeout_ms = t->probe_timeout_ms,
+		                              .addr = &t->addr,
+		                              .addrlen = t->addrlen,
+		                              .notify_fd = t->wake_fd};
+		struct kolo_errbuf eb = {{0}};
+		if (tcp_probe_start(&pc, &t->probe, &eb) == KOLO_OK)
+			tcp_handle_set_probe_port(out, tcp_probe_port(t->probe));
+		else /* the job still runs; a vanished host is found by the timeouts */
+			KOLO_WARN(SUBSYS, "%s", eb.msg);
+	}
 	KOLO_DEBUG(SUBSYS, "rank %d listening on %s (round %lld)", t->rank, t->addr_str,
 	           (long long)t->round);
 	return KOLO_OK;
@@ -1362,11 +1424,15 @@ static kolo_status_t tcp_connect(struct kolo_transport *kt,
 	if (!peer || kolo_tcp_handle_decode(peer, &ss, &len) != KOLO_OK)
 		return kolo_fail(&kt->err, KOLO_EINVAL, "rank %d's handle is not a TCP handle",
 		                 peer_rank);
-	int nstreams = t->streams ? t->streams : same_host(t, &ss) ? 1 : 2;
+	bool local = same_host(t, &ss);
+	int nstreams = t->streams ? t->streams : local ? 1 : 2;
 	struct tcp_conn *c = conn_new(t, peer_rank, tag, nstreams);
 	if (!c)
 		return kolo_fail(&kt->err, KOLO_ENOMEM, "out of memory");
 	tcp_addr_str(&ss, c->peer_addr, sizeof(c->peer_addr));
+	/* A host can only vanish from another host. */
+	if (!local)
+		tcp_probe_watch(t->probe, peer_rank, &ss, len, tcp_handle_probe_port(peer));
 	for (int i = 0; i < c->nstreams; i++) {
 		struct tcp_stream *s = &c->streams[i];
 		s->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -1395,6 +1461,8 @@ static kolo_status_t tcp_connect(struct kolo_transport *kt,
 		}
 	}
 	conn_progress(c);
+	if (tcp_probe_lost(t->probe, peer_rank))
+		fail_lost(t);
 	*out = &c->base;
 	return KOLO_OK;
 }
@@ -1553,6 +1621,11 @@ static int tcp_poll_fd(struct kolo_transport *kt)
 	return T(kt)->epfd;
 }
 
+static bool tcp_unreachable(struct kolo_transport *kt, int peer_rank)
+{
+	return tcp_probe_lost(T(kt)->probe, peer_rank);
+}
+
 static void tcp_close(struct kolo_conn *kc)
 {
 	if (!kc)
@@ -1566,6 +1639,7 @@ static void tcp_destroy(struct kolo_transport *kt)
 	if (!kt)
 		return;
 	struct tcp_transport *t = T(kt);
+	tcp_probe_stop(t->probe); /* it writes wake_fd */
 	while (t->conns)
 		conn_free(t, t->conns);
 	while (t->pendings)
@@ -1598,5 +1672,6 @@ const struct kolo_transport_ops kolo_transport_tcp_ops = {
         .abort = tcp_abort,
         .close = tcp_close,
         .destroy = tcp_destroy,
+        .unreachable = tcp_unreachable,
         .poll_fd = tcp_poll_fd,
 };

@@ -5,6 +5,7 @@
 #   kolo-netns.sh exec I CMD [ARGS...]                  run CMD on host I ("br": the bridge)
 #   kolo-netns.sh addr I                                print host I's address ("br" too)
 #   kolo-netns.sh link I up|down                        connect / cut host I's link
+#   kolo-netns.sh block I J on|off                      drop / pass traffic between hosts I and J
 #   kolo-netns.sh list                                  print the hosts and their addresses
 #   kolo-netns.sh down [--prefix NAME]                  remove everything (idempotent)
 #
@@ -200,6 +201,28 @@ cmd_link() {
 	ip -n "$(ns_of br)" link set "vh$1" "$2"
 }
 
+cmd_block() {
+	[ $# -eq 3 ] || usage
+	[[ $1 =~ ^[0-9]+$ && $2 =~ ^[0-9]+$ && $1 != "$2" ]] || die "block takes two host numbers"
+	case "$3" in
+	on | off) ;;
+	*) usage ;;
+	esac
+	local a b
+	# A blackhole route in each of the two hosts towards the other: what they send each
+	# other vanishes without an error or a reset (an established connection times out),
+	# while both still reach every other host and the bridge's address (the rendezvous).
+	for a in "$1" "$2"; do
+		b=$([ "$a" = "$1" ] && echo "$2" || echo "$1")
+		ns_exists "$(ns_of "$a")" || die "no namespace $(ns_of "$a")"
+		if [ "$3" = on ]; then
+			ip -n "$(ns_of "$a")" route replace blackhole "$(addr_of "$b")/32"
+		else
+			ip -n "$(ns_of "$a")" route del blackhole "$(addr_of "$b")/32" 2>/dev/null || true
+		fi
+	done
+}
+
 cmd_list() {
 	local ns
 	for ns in $(our_namespaces); do
@@ -219,7 +242,7 @@ fi
 [ $# -ge 1 ] || usage
 sub=$1
 shift
-# --prefix may also follow the subcommand of down/list/exec/addr/link.
+# --prefix may also follow the subcommand of down/list/exec/addr/link/block.
 args=()
 while [ $# -gt 0 ]; do
 	if [ "$1" = --prefix ] && [ "$sub" != up ] && [ "$sub" != exec ]; then
@@ -237,6 +260,7 @@ down) cmd_down ;;
 exec) cmd_exec "${args[@]}" ;;
 addr) cmd_addr "${args[@]}" ;;
 link) cmd_link "${args[@]}" ;;
+block) cmd_block "${args[@]}" ;;
 list) cmd_list ;;
 -h | --help | help) usage ;;
 *) usage ;;

@@ -12,7 +12,16 @@
  * (signal -> its collective failed, or its commit saw the leave), teardown,
  * round (failure report, confirmation that the suspect is dead, and the
  * server forming the next round), connect (new transport, address
- * published, ring connected), and sync + first allreduce. */
+ * published, ring connected), and sync + first allreduce.
+ *
+ * `kolo-bench elastic --worker [--count C] [--compute-ms MS]` is the worker
+ * alone, for drivers that place workers themselves (bench/netns/vanish.py
+ * starts one per network-namespace host and cuts a host's link): it prints
+ * "ROUND round size rank" on every (re-)formed round, "FIRST round size rank
+ * t_err t_start t_down t_round t_conn t_first" (CLOCK_MONOTONIC ns) after the
+ * first allreduce of a re-formed ring, and "STEP round step t" every 250 ms;
+ * --compute-ms sleeps that long after each step, as a program computes
+ * between its collectives. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -38,7 +47,7 @@ extern char **environ;
 
 /* ---- the worker ----------------------------------------------------------- */
 
-static int worker_main(size_t count)
+static int worker_main(size_t count, int compute_ms)
 {
 	kolo_comm_t *comm = NULL;
 	if (kolo_init(&comm) != KOLO_OK) {
@@ -55,7 +64,7 @@ static int worker_main(size_t count)
 	printf("ROUND %" PRId64 " %d %d\n", kolo_round(comm), kolo_size(comm), kolo_rank(comm));
 	kolo_status_t st = kolo_state_sync(state);
 	bool reformed = false;
-	uint64_t t_err = 0;
+	uint64_t t_err = 0, next_step_line = 0;
 	for (;;) {
 		if (st == KOLO_OK) {
 			for (size_t j = 0; j < count; j++)
@@ -79,6 +88,13 @@ static int worker_main(size_t count)
 			step++;
 			st = kolo_state_commit(state);
 		}
+		if (st == KOLO_OK && kolo_now_ns() >= next_step_line) {
+			printf("STEP %" PRId64 " %" PRId64 " %" PRIu64 "\n", kolo_round(comm), step,
+			       kolo_now_ns());
+			next_step_line = kolo_now_ns() + 250000000ull;
+		}
+		if (st == KOLO_OK && compute_ms > 0)
+			usleep((useconds_t)compute_ms * 1000u);
 		if (st == KOLO_OK)
 			continue;
 		if (kolo_state_left(state))
@@ -356,7 +372,9 @@ static void usage(FILE *f)
 	           "  --ranks N    ranks on loopback (default 4)\n"
 	           "  --kills K    failures per series (default 10)\n"
 	           "  --mode M     kill (SIGKILL), leave (SIGTERM) or both (default both)\n"
-	           "  --count C    float32 elements per allreduce (default 1024)\n");
+	           "  --count C    float32 elements per allreduce (default 1024)\n"
+	           "  --worker [--count C] [--compute-ms MS]  one worker alone (for external "
+	           "drivers)\n");
 }
 
 int kolo_bench_elastic(int argc, char **argv)
@@ -366,9 +384,10 @@ int kolo_bench_elastic(int argc, char **argv)
 	                                         {"mode", required_argument, NULL, 'm'},
 	                                         {"count", required_argument, NULL, 'c'},
 	                                         {"worker", no_argument, NULL, 'W'},
+	                                         {"compute-ms", required_argument, NULL, 'C'},
 	                                         {"help", no_argument, NULL, 'h'},
 	                                         {NULL, 0, NULL, 0}};
-	int ranks = 4, kills = 10, c;
+	int ranks = 4, kills = 10, compute_ms = 0, c;
 	bool worker = false;
 	const char *mode = "both";
 	optind = 1;
@@ -389,6 +408,9 @@ int kolo_bench_elastic(int argc, char **argv)
 		case 'W':
 			worker = true;
 			break;
+		case 'C':
+			compute_ms = atoi(optarg);
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -398,7 +420,7 @@ int kolo_bench_elastic(int argc, char **argv)
 		}
 	}
 	if (worker)
-		return worker_main(opt_count);
+		return worker_main(opt_count, compute_ms);
 	bool do_kill = strcmp(mode, "kill") == 0 || strcmp(mode, "both") == 0;
 	bool do_leave = strcmp(mode, "leave") == 0 || strcmp(mode, "both") == 0;
 	if (ranks < 3 || ranks > MAXW / 4 || kills < 1 || kills > 100 || (!do_kill && !do_leave)) {
