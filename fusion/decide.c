@@ -31,14 +31,8 @@ static struct fusion_table_entry *table_find(struct fusion_negotiator *n, const 
 static struct fusion_table_entry *table_add(struct fusion_negotiator *n, char *name, int kind,
                                             uint64_t now)
 {
-	if (n->ntab == n->captab) {
-		size_t cap = n->captab ? n->captab * 2 : 16;
-		struct fusion_table_entry *v = realloc(n->tab, cap * sizeof(*v));
-		if (!v)
-			return NULL;
-		n->tab = v;
-		n->captab = cap;
-	}
+	if (!fusion_reserve(&n->tab, n->ntab, &n->captab, sizeof(*n->tab)))
+		return NULL;
 	struct fusion_table_entry *t = &n->tab[n->ntab];
 	memset(t, 0, sizeof(*t));
 	t->has = calloc((size_t)n->size, sizeof(bool));
@@ -75,15 +69,9 @@ struct cycle_builder {
 static struct fusion_response *add_response(struct cycle_builder *ob)
 {
 	struct fusion_cycle *c = ob->c;
-	if (c->nresp == ob->capr) {
-		size_t cap = ob->capr ? ob->capr * 2 : 16;
-		struct fusion_response *v = realloc(c->resp, cap * sizeof(*v));
-		if (!v) {
-			ob->oom = true;
-			return NULL;
-		}
-		c->resp = v;
-		ob->capr = cap;
+	if (!fusion_reserve(&c->resp, c->nresp, &ob->capr, sizeof(*c->resp))) {
+		ob->oom = true;
+		return NULL;
 	}
 	struct fusion_response *r = &c->resp[c->nresp++];
 	memset(r, 0, sizeof(*r));
@@ -95,15 +83,9 @@ static struct fusion_response *add_response(struct cycle_builder *ob)
 static void add_tick(struct cycle_builder *ob, const char *name, int kind, int rank)
 {
 	struct fusion_cycle *c = ob->c;
-	if (c->nticks == ob->capt) {
-		size_t cap = ob->capt ? ob->capt * 2 : 16;
-		struct fusion_tick *v = realloc(c->ticks, cap * sizeof(*v));
-		if (!v) {
-			ob->oom = true;
-			return;
-		}
-		c->ticks = v;
-		ob->capt = cap;
+	if (!fusion_reserve(&c->ticks, c->nticks, &ob->capt, sizeof(*c->ticks))) {
+		ob->oom = true;
+		return;
 	}
 	/* A copy: the table entry or cache slot may go later in this cycle. */
 	char *copy = strdup(name);

@@ -25,14 +25,8 @@ static void name_set_add(struct fusion_name_set *s, const char *name)
 {
 	if (name_set_has(s, name))
 		return;
-	if (s->n == s->cap) {
-		size_t cap = s->cap ? s->cap * 2 : 16;
-		char **v = realloc(s->v, cap * sizeof(*v));
-		if (!v)
-			return;
-		s->v = v;
-		s->cap = cap;
-	}
+	if (!fusion_reserve(&s->v, s->n, &s->cap, sizeof(*s->v)))
+		return;
 	char *c = strdup(name);
 	if (c)
 		s->v[s->n++] = c;
@@ -111,6 +105,18 @@ void fusion_engine_tl_cycle(struct kolo_engine *e, const struct fusion_cycle *c)
 
 /* ---- start / stop -------------------------------------------------------- */
 
+/* Puts t (NULL: none) in place of the timeline, forgetting the open names,
+ * and closes the old one outside the lock (it flushes to its file). */
+static void swap_timeline(struct kolo_engine *e, struct fusion_timeline *t)
+{
+	pthread_mutex_lock(&e->tl_lock);
+	struct fusion_timeline *old = e->tl;
+	e->tl = t;
+	name_set_clear(&e->tl_open);
+	pthread_mutex_unlock(&e->tl_lock);
+	fusion_timeline_destroy(old);
+}
+
 kolo_status_t kolo_engine_timeline_start(struct kolo_engine *e, const char *path,
                                          struct kolo_errbuf *eb)
 {
@@ -123,12 +129,7 @@ kolo_status_t kolo_engine_timeline_start(struct kolo_engine *e, const char *path
 	        fusion_timeline_create(path, 1u << 20, e->cfg.timeline_mark_cycles, &t, eb);
 	if (st != KOLO_OK)
 		return st;
-	pthread_mutex_lock(&e->tl_lock);
-	struct fusion_timeline *old = e->tl;
-	e->tl = t;
-	name_set_clear(&e->tl_open);
-	pthread_mutex_unlock(&e->tl_lock);
-	fusion_timeline_destroy(old);
+	swap_timeline(e, t);
 	return KOLO_OK;
 }
 
@@ -136,18 +137,11 @@ kolo_status_t kolo_engine_timeline_stop(struct kolo_engine *e)
 {
 	if (!e)
 		return KOLO_EINVAL;
-	pthread_mutex_lock(&e->tl_lock);
-	struct fusion_timeline *old = e->tl;
-	e->tl = NULL;
-	name_set_clear(&e->tl_open);
-	pthread_mutex_unlock(&e->tl_lock);
-	fusion_timeline_destroy(old);
+	swap_timeline(e, NULL);
 	return KOLO_OK;
 }
 
 void fusion_engine_tl_fini(struct kolo_engine *e)
 {
-	fusion_timeline_destroy(e->tl);
-	e->tl = NULL;
-	name_set_clear(&e->tl_open);
+	swap_timeline(e, NULL);
 }

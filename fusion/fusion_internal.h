@@ -10,8 +10,30 @@
 #define KOLO_FUSION_INTERNAL_H
 
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "fusion.h"
+
+/* ---- growing arrays ------------------------------------------------------ */
+
+/* Makes room for element n of the array *arrayp (any element type, of size
+ * elem) holding *cap elements: 16 at first, then twice as many. false when
+ * out of memory (the array is then unchanged). */
+static inline bool fusion_reserve(void *arrayp, size_t n, size_t *cap, size_t elem)
+{
+	if (n < *cap)
+		return true;
+	void *old;
+	memcpy(&old, arrayp, sizeof(old));
+	size_t ncap = *cap ? *cap * 2 : 16;
+	void *v = realloc(old, ncap * elem);
+	if (!v)
+		return false;
+	memcpy(arrayp, &v, sizeof(v));
+	*cap = ncap;
+	return true;
+}
 
 /* ---- operation parameters (params.c) ------------------------------------ */
 

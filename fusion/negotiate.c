@@ -74,14 +74,8 @@ kolo_status_t fusion_negotiator_submit(struct fusion_negotiator *n, const char *
 {
 	if (!name || strlen(name) >= FUSION_NAME_MAX || fusion_local_find(n, name))
 		return KOLO_EINVAL;
-	if (n->nloc == n->caploc) {
-		size_t cap = n->caploc ? n->caploc * 2 : 16;
-		struct fusion_local_op *v = realloc(n->loc, cap * sizeof(*v));
-		if (!v)
-			return KOLO_ENOMEM;
-		n->loc = v;
-		n->caploc = cap;
-	}
+	if (!fusion_reserve(&n->loc, n->nloc, &n->caploc, sizeof(*n->loc)))
+		return KOLO_ENOMEM;
 	struct fusion_local_op *l = &n->loc[n->nloc];
 	memset(l, 0, sizeof(*l));
 	l->name = strdup(name);

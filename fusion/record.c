@@ -32,22 +32,16 @@ static void put_bytes(struct fusion_wbuf *w, const void *p, size_t len)
 	w->len += len;
 }
 
-static void put_u8(struct fusion_wbuf *w, uint8_t v)
-{
-	put_bytes(w, &v, 1);
-}
-static void put_u32(struct fusion_wbuf *w, uint32_t v)
-{
-	put_bytes(w, &v, 4);
-}
-static void put_u64(struct fusion_wbuf *w, uint64_t v)
-{
-	put_bytes(w, &v, 8);
-}
-static void put_f64(struct fusion_wbuf *w, double v)
-{
-	put_bytes(w, &v, 8);
-}
+/* put_u8, put_u32, put_u64, put_f64: one field in host byte order. */
+#define DEFINE_PUT(name, type)                                                                     \
+	static void name(struct fusion_wbuf *w, type v)                                            \
+	{                                                                                          \
+		put_bytes(w, &v, sizeof(v));                                                       \
+	}
+DEFINE_PUT(put_u8, uint8_t)
+DEFINE_PUT(put_u32, uint32_t)
+DEFINE_PUT(put_u64, uint64_t)
+DEFINE_PUT(put_f64, double)
 static void put_str(struct fusion_wbuf *w, const char *s)
 {
 	uint32_t l = (uint32_t)strlen(s);
@@ -108,30 +102,18 @@ static void get_bytes(struct reader *r, void *p, size_t len)
 	r->off += len;
 }
 
-static uint8_t get_u8(struct reader *r)
-{
-	uint8_t v;
-	get_bytes(r, &v, 1);
-	return v;
-}
-static uint32_t get_u32(struct reader *r)
-{
-	uint32_t v;
-	get_bytes(r, &v, 4);
-	return v;
-}
-static uint64_t get_u64(struct reader *r)
-{
-	uint64_t v;
-	get_bytes(r, &v, 8);
-	return v;
-}
-static double get_f64(struct reader *r)
-{
-	double v;
-	get_bytes(r, &v, 8);
-	return v;
-}
+/* get_u8, get_u32, get_u64, get_f64: one field, 0 past the end. */
+#define DEFINE_GET(name, type)                                                                     \
+	static type name(struct reader *r)                                                         \
+	{                                                                                          \
+		type v;                                                                            \
+		get_bytes(r, &v, sizeof(v));                                                       \
+		return v;                                                                          \
+	}
+DEFINE_GET(get_u8, uint8_t)
+DEFINE_GET(get_u32, uint32_t)
+DEFINE_GET(get_u64, uint64_t)
+DEFINE_GET(get_f64, double)
 /* A malloc'd copy of a length-prefixed string shorter than max, or NULL
  * (r->bad set). */
 static char *get_str(struct reader *r, size_t max)
