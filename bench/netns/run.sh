@@ -14,6 +14,8 @@
 #   bench/netns/run.sh job H L RATE [VAR=VALUE...] -- kolo-bench ARGS...
 #                                      any kolo-bench run on H hosts x L ranks (RATE 0: unshaped)
 #
+# Elastic recovery from a vanished host, a partition and a stopped rank: bench/netns/vanish.py.
+#
 # Environment: KOLO_BIN (folder with kolorun, kolo-rendezvous, kolo-bench; default
 # build/bin), OUT (folder for the raw outputs; default a new one under /tmp). Every run
 # prints rank 0's kolo-bench table and the load average at its start.
