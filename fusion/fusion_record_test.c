@@ -6,33 +6,30 @@
 #include "fusion_internal.h"
 #include "testutil.h"
 
+/* Appends n bytes of v at b + *o. */
+static void put(uint8_t *b, size_t *o, const void *v, size_t n)
+{
+	memcpy(b + *o, v, n);
+	*o += n;
+}
+
 /* The bytes of REQUEST "ab": ALLREDUCE float32 AVERAGE, root 0, prescale 1,
  * postscale 0.5, counts {3, 5}, in the order fusion_internal.h gives. */
 static size_t expected_request(uint8_t *b)
 {
+	const uint8_t head[4] = {FUSION_RECORD_REQUEST, KOLO_FK_ALLREDUCE, KOLO_FLOAT32,
+	                         KOLO_AVERAGE};
+	const uint32_t root = 0, ncounts = 2, name_len = 2;
+	const double scales[2] = {1.0, 0.5};
+	const uint64_t counts[2] = {3, 5};
 	size_t o = 0;
-	uint32_t u32;
-	uint64_t u64;
-	double f;
-	b[o++] = FUSION_RECORD_REQUEST;
-	b[o++] = KOLO_FK_ALLREDUCE;
-	b[o++] = KOLO_FLOAT32;
-	b[o++] = KOLO_AVERAGE;
-	u32 = 0;
-	memcpy(b + o, &u32, 4), o += 4;
-	f = 1.0;
-	memcpy(b + o, &f, 8), o += 8;
-	f = 0.5;
-	memcpy(b + o, &f, 8), o += 8;
-	u32 = 2;
-	memcpy(b + o, &u32, 4), o += 4;
-	u64 = 3;
-	memcpy(b + o, &u64, 8), o += 8;
-	u64 = 5;
-	memcpy(b + o, &u64, 8), o += 8;
-	u32 = 2;
-	memcpy(b + o, &u32, 4), o += 4;
-	memcpy(b + o, "ab", 2), o += 2;
+	put(b, &o, head, sizeof(head));
+	put(b, &o, &root, 4);
+	put(b, &o, scales, 16);
+	put(b, &o, &ncounts, 4);
+	put(b, &o, counts, 16);
+	put(b, &o, &name_len, 4);
+	put(b, &o, "ab", 2);
 	return o;
 }
 
