@@ -1019,6 +1019,28 @@ kolo_status_t kolo_rdzv_job_status(struct kolo_rdzv_client *c, char **json)
 	return st;
 }
 
+kolo_status_t kolo_rdzv_job_round(struct kolo_rdzv_client *c, int64_t *round, int *size)
+{
+	*round = 0;
+	*size = 0;
+	char *text = NULL;
+	kolo_status_t st = kolo_rdzv_job_status(c, &text);
+	if (st != KOLO_OK)
+		return st;
+	json_t *j = json_loads(text, 0, NULL);
+	free(text);
+	json_t *members = j ? json_object_get(j, "members") : NULL;
+	int64_t r = 0;
+	if (!j || !get_int(j, "round", &r) || !json_is_array(members)) {
+		json_decref(j);
+		return kolo_fail(&c->err, KOLO_EPROTO, "the job status has no round or members");
+	}
+	*round = r;
+	*size = (int)json_array_size(members);
+	json_decref(j);
+	return KOLO_OK;
+}
+
 /* ---- KV --------------------------------------------------------------- */
 
 static kolo_status_t kv_path(struct kolo_rdzv_client *c, const char *key, const char *query,

@@ -184,5 +184,7 @@ kolo_status_t kolo_rdzv_job_configure(struct kolo_rdzv_client *c, int min_np, in
                                       int settle_ms);
 /* GET /v1/jobs/{job}: the status document as JSON text; the caller frees it. */
 kolo_status_t kolo_rdzv_job_status(struct kolo_rdzv_client *c, char **json);
+/* The job's current round and its number of members (0 before the first). */
+kolo_status_t kolo_rdzv_job_round(struct kolo_rdzv_client *c, int64_t *round, int *size);
 
 #endif /* KOLO_RENDEZVOUS_H */

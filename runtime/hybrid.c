@@ -292,6 +292,18 @@ static const struct kolo_transport_ops hybrid_ops = {
         .unreachable = hybrid_unreachable,
 };
 
+kolo_status_t kolo_hybrid_net_handle(const struct kolo_transport_handle *h,
+                                     struct kolo_transport_handle *net)
+{
+	struct hybrid_handle w;
+	memcpy(&w, h->bytes, sizeof(w));
+	if (w.magic != KOLO_TRANSPORT_MAGIC || w.kind != 'H')
+		return KOLO_EINVAL;
+	memset(net, 0, sizeof(*net));
+	memcpy(net->bytes, w.net, SUB_HANDLE);
+	return KOLO_OK;
+}
+
 kolo_status_t kolo_hybrid_create(const struct kolo_transport_config *cfg, const bool *same_host,
                                  const struct kolo_transport_ops *local,
                                  const struct kolo_transport_ops *net, struct kolo_transport **out,

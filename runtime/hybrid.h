@@ -16,4 +16,9 @@ kolo_status_t kolo_hybrid_create(const struct kolo_transport_config *cfg, const 
                                  const struct kolo_transport_ops *net, struct kolo_transport **out,
                                  struct kolo_errbuf *eb);
 
+/* The network transport's handle inside a hybrid handle. KOLO_EINVAL when h
+ * is not a hybrid handle. */
+kolo_status_t kolo_hybrid_net_handle(const struct kolo_transport_handle *h,
+                                     struct kolo_transport_handle *net);
+
 #endif

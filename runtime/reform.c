@@ -4,11 +4,14 @@
  * file composes it with the ring, the transport and the fusion engine. */
 #include "elastic.h"
 #include "fusion.h"
+#include "hybrid.h"
 #include "kolo/async.h"
 #include "kolo/elastic.h"
 #include "runtime.h"
+#include "transport_tcp.h"
 
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,6 +230,58 @@ static kolo_status_t next_round(struct kolo_comm *comm, int64_t after, int old_r
 	}
 }
 
+/* Before an evicted worker joins again: waits until this host reaches the
+ * host of every member of the job's current round (kolo_tcp_host_answers on
+ * the address each published). After a partition that cut this worker off,
+ * joining at once would have it admitted at the next commit point, cut off
+ * again by the first collective across the cut, and evicted again: a re-form
+ * of the whole job each time. KOLO_OK also when it cannot tell (no round, an
+ * address not published yet); KOLO_ESHUTDOWN on SIGTERM, KOLO_ETIMEDOUT at
+ * end_ms. One KV read and one TCP connect per member and check. */
+static kolo_status_t wait_members_answer(struct kolo_comm *comm, uint64_t end_ms)
+{
+	bool told = false;
+	for (;;) {
+		int64_t round = 0;
+		int size = 0, silent = -1;
+		if (kolo_rdzv_job_round(comm->rdzv, &round, &size) != KOLO_OK)
+			return KOLO_OK;
+		for (int r = 0; r < size && silent < 0; r++) {
+			char key[64];
+			snprintf(key, sizeof(key), "addr/%" PRId64 "/%d", round, r);
+			void *data = NULL;
+			size_t len = 0;
+			if (kolo_rdzv_kv_get(comm->rdzv, key, 0, &data, &len) != KOLO_OK)
+				continue;
+			struct kolo_transport_handle h, net;
+			if (len == sizeof(h)) {
+				memcpy(h.bytes, data, sizeof(h));
+				if (kolo_hybrid_net_handle(&h, &net) == KOLO_OK &&
+				    !kolo_tcp_host_answers(&net, 1000))
+					silent = r;
+			}
+			free(data);
+		}
+		if (silent < 0) {
+			if (told)
+				KOLO_INFO(SUBSYS, "every member of round %" PRId64 " answers again",
+				          round);
+			return KOLO_OK;
+		}
+		if (!told)
+			KOLO_WARN(SUBSYS,
+			          "rank %d of round %" PRId64 " does not answer from this host (a "
+			          "partition?); joining again once every member does",
+			          silent, round);
+		told = true;
+		if (kolo_elastic_leave_requested())
+			return KOLO_ESHUTDOWN;
+		if (kolo_now_ms() >= end_ms)
+			return KOLO_ETIMEDOUT;
+		poll(NULL, 0, 500); /* the back-off between two checks */
+	}
+}
+
 static kolo_status_t reform(struct kolo_comm *comm);
 
 /* Tells the rendezvous this worker leaves: it is dropped from the job at
@@ -336,11 +391,19 @@ static kolo_status_t reform(struct kolo_comm *comm)
 			          "new worker",
 			          kolo_rdzv_client_error(comm->rdzv));
 			comm->rejoins++;
+			st = wait_members_answer(comm, end);
+			if (st != KOLO_OK)
+				return kolo_comm_fail(comm, st,
+				                      "kolo_reform: evicted, and %s before this worker "
+				                      "could reach every member of the job again",
+				                      st == KOLO_ESHUTDOWN ? "SIGTERM came"
+				                                           : "KOLO_ELASTIC_TIMEOUT_MS passed");
 			st = kolo_rdzv_rejoin(comm->rdzv);
 			if (st != KOLO_OK)
 				return kolo_comm_fail(comm, st, "kolo_reform: joining again: %s",
 				                      kolo_rdzv_client_error(comm->rdzv));
 			suspect = -1;
+			lost.n = 0;
 			at_commit = true; /* nothing of the old round to report */
 			continue;
 		}

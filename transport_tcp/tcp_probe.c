@@ -18,6 +18,7 @@
  * (the peer's transport is gone: a crash, a new round): not a loss; the data
  * conns see that by themselves. Design and figures: docs/elastic.md. */
 #include "tcp_internal.h"
+#include "transport_tcp.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -452,4 +453,33 @@ void tcp_probe_stop(struct tcp_probe *p)
 	free(p->targets);
 	free(p->drain);
 	free(p);
+}
+
+bool kolo_tcp_host_answers(const struct kolo_transport_handle *h, int timeout_ms)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+	if (kolo_tcp_handle_decode(h, &ss, &len) != KOLO_OK)
+		return false;
+	uint16_t port = tcp_handle_probe_port(h);
+	if (port && ss.ss_family == AF_INET6)
+		((struct sockaddr_in6 *)&ss)->sin6_port = htons(port);
+	else if (port)
+		((struct sockaddr_in *)&ss)->sin_port = htons(port);
+	int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return false;
+	unsigned int uto = (unsigned int)KOLO_MAX(timeout_ms, 1);
+	setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof(uto));
+	int err = 0;
+	if (connect(fd, (struct sockaddr *)&ss, len) != 0) {
+		err = errno;
+		if (err == EINPROGRESS || err == EINTR) {
+			struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+			err = poll(&pfd, 1, KOLO_MAX(timeout_ms, 0)) == 1 ? sock_error(fd) : ETIMEDOUT;
+		}
+	}
+	close(fd);
+	/* Accepted, or refused by the host's kernel: it answers. */
+	return err == 0 || err == ECONNREFUSED || err == ECONNRESET;
 }

@@ -6,6 +6,7 @@
 #ifndef KOLO_TRANSPORT_TCP_H
 #define KOLO_TRANSPORT_TCP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/socket.h>
 
@@ -29,5 +30,11 @@ kolo_status_t kolo_tcp_pick_address(const char *iface, const char *route_to,
  * KOLO_EINVAL when the handle is not a TCP handle. */
 kolo_status_t kolo_tcp_handle_decode(const struct kolo_transport_handle *h,
                                      struct sockaddr_storage *out, socklen_t *outlen);
+
+/* Whether the host behind a TCP handle answers at the network level within
+ * timeout_ms: a connection to its probe port (else its data port) is
+ * accepted or refused. False for silence, an unreachable route, or a handle
+ * that is not TCP. Blocks up to timeout_ms; needs no endpoint. */
+bool kolo_tcp_host_answers(const struct kolo_transport_handle *h, int timeout_ms);
 
 #endif /* KOLO_TRANSPORT_TCP_H */

@@ -8,7 +8,8 @@ bridge. Series, each a fresh job:
   busy      a host's link is cut (at the bridge port: it sends nothing, not even a reset)
             while the ring is in the middle of a 16 MiB allreduce
   idle      the same while the ranks compute between small steps (--compute-ms)
-  partition traffic between two hosts only is dropped (both still reach the rendezvous)
+  partition traffic between two hosts only is dropped (both still reach the rendezvous) for
+            --hold-s seconds: one host is left out, and must not come back before it heals
   stop      a rank is SIGSTOPped for --stop-s seconds and resumed, under full CPU load
 
 For each cut it reports the time from the cut to the first allreduce completed by the re-formed
@@ -240,6 +241,19 @@ def series_cut(args, job, kind):
                   flush=True)
             if kind == "partition" and len(row["cut_out"]) != 1:
                 raise SystemExit("FAIL: the partition took out %s" % row["cut_out"])
+        if kind == "partition" and args.hold_s > 0 and ok:
+            # The cut stays: the worker that was left out must wait for it to heal
+            # instead of joining, being cut off and evicted again at every commit.
+            insiders = [w for w in job.live() if w.host not in row["cut_out"]]
+            seen = {id(w): len(w.rounds) for w in insiders}
+            t_hold = time.monotonic()
+            while time.monotonic() - t_hold < args.hold_s:
+                job.pump(args.hold_s - (time.monotonic() - t_hold))
+            extra = sum(len(w.rounds) - seen[id(w)] for w in insiders)
+            print("  %-9s event %d: held %.0f s: %d more re-forms of the others" % (
+                kind, e + 1, args.hold_s, extra), flush=True)
+            if extra and args.check:
+                raise SystemExit("FAIL: %d re-forms while the partition held" % extra)
         # Heal; the host that was left out joins again as a new worker.
         cut(job, kind, victim, other, up=True)
         t_heal = time.monotonic()
@@ -298,6 +312,8 @@ def main():
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--rate", type=int, default=0, help="link rate in Mbit/s (0: unshaped)")
     ap.add_argument("--stop-s", type=float, default=1.0)
+    ap.add_argument("--hold-s", type=float, default=5.0,
+                    help="how long a partition stays before it heals")
     ap.add_argument("--max-recovery-s", type=float, default=5.0,
                     help="with --check: most seconds from a cut to the re-formed ring")
     ap.add_argument("--check", action="store_true")
