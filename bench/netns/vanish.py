@@ -11,6 +11,8 @@ bridge. Series, each a fresh job:
   partition traffic between two hosts only is dropped (both still reach the rendezvous) for
             --hold-s seconds: one host is left out, and must not come back before it heals
   stop      a rank is SIGSTOPped for --stop-s seconds and resumed, under full CPU load
+  quiet     nothing happens for 10 s per event while 16 MiB allreduces fill the links (with
+            --rate, shaped ones): a probe must never be lost on a busy link
 
 For each cut it reports the time from the cut to the first allreduce completed by the re-formed
 ring (the slowest survivor's), split by phase as `kolo-bench elastic` does; the link then comes
@@ -305,6 +307,23 @@ def series_stop(args, job):
     return evictions
 
 
+def series_quiet(args, job):
+    """No event for args.events x 10 s of 16 MiB allreduces: returns the re-forms (must be 0:
+    a probe that is not answered on a busy, shaped link would be a false loss)."""
+    hosts = job.hosts
+    job.wait_for(lambda: job.formed(hosts), 60, "the job at size %d" % hosts)
+    seen = {id(w): len(w.rounds) for w in job.live()}
+    steps = {id(w): w.last_step[1] for w in job.live()}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 10.0 * args.events:
+        job.pump(10.0 * args.events - (time.monotonic() - t0))
+    extra = sum(len(w.rounds) - seen.get(id(w), 0) for w in job.live())
+    done = min(w.last_step[1] - steps.get(id(w), 0) for w in job.live())
+    print("  quiet     %.0f s, %d steps of 16 MiB: %d re-forms" % (10.0 * args.events, done,
+                                                                   extra), flush=True)
+    return extra
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--series", default="busy,idle,partition,stop")
@@ -338,11 +357,19 @@ def main():
         for kind in args.series.split(","):
             job = Job(args, prefix, args.hosts, out)
             job.count, job.compute_ms = {"busy": (4 << 20, 0), "idle": (1024, 100),
-                                         "partition": (1024, 20), "stop": (1 << 16, 20)}[kind]
+                                         "partition": (1024, 20), "stop": (1 << 16, 20),
+                                         "quiet": (4 << 20, 0)}[kind]
             job.start_server()
             for h in range(args.hosts):
                 job.start_worker(h)
             try:
+                if kind == "quiet":
+                    ev = series_quiet(args, job)
+                    summary.append("quiet: %d re-forms in %d s without an event" % (
+                        ev, 10 * args.events))
+                    if ev and args.check:
+                        status = 1
+                    continue
                 if kind == "stop":
                     ev = series_stop(args, job)
                     summary.append("stop: %d of %d stalls of %.1f s under full CPU load "
