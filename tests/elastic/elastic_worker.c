@@ -21,7 +21,15 @@
  *
  * ELASTIC_WORKER_HANG=RANK:STEP:MS makes the worker of that rank in round 1
  * print "HANG" before step STEP and then not call kolo for MS ms (a training
- * thread stuck in user code), then go on. */
+ * thread stuck in user code), then go on.
+ *
+ * ELASTIC_WORKER_SOAK=1 (the soak test, tests/soak): acc is also checked
+ * against the closed form after every commit, for the step reached (it holds
+ * at any step, not only the last), so "STEP <s>" means both the allreduce and
+ * the accumulator were checked; and a worker that leaves checks acc before
+ * printing "LEFT". The soak runs with a STEPS it never reaches and ends every
+ * worker with SIGTERM. ELASTIC_WORKER_CORRUPT=STEP adds 1 to acc[0] once, at
+ * the first step >= STEP (the soak's check that a wrong result is caught). */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +46,8 @@ struct ctx {
 	size_t count;
 	int step_ms;
 	bool async;
+	bool soak;
+	int64_t corrupt_at; /* ELASTIC_WORKER_CORRUPT, or -1 */
 	int64_t step; /* state */
 	double *acc;  /* state */
 	double *x;
@@ -48,6 +58,23 @@ static void sleep_ms(int ms)
 	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
 	while (nanosleep(&ts, &ts) != 0) {
 	}
+}
+
+/* acc after n steps is n(n+1)/2 + n*j: prints the first mismatch and returns
+ * false. */
+static bool acc_ok(const struct ctx *c)
+{
+	double n = (double)c->step;
+	for (size_t j = 0; j < c->count; j++) {
+		double want = n * (n + 1) / 2 + n * (double)j;
+		if (c->acc[j] != want) {
+			printf("WRONG acc[%zu] = %.17g, want %.17g at step %" PRId64 "\n", j,
+			       c->acc[j], want, c->step);
+			fflush(stdout);
+			return false;
+		}
+	}
+	return true;
 }
 
 static kolo_status_t train(kolo_comm_t *comm, kolo_state_t *state, void *arg)
@@ -110,6 +137,12 @@ static kolo_status_t train(kolo_comm_t *comm, kolo_state_t *state, void *arg)
 		c->step++;
 		if ((st = kolo_state_commit(state)) != KOLO_OK)
 			return st;
+		if (c->corrupt_at >= 0 && c->step >= c->corrupt_at) {
+			c->acc[0] += 1;
+			c->corrupt_at = -1;
+		}
+		if (c->soak && !acc_ok(c))
+			exit(2);
 		printf("STEP %" PRId64 "\n", c->step);
 		fflush(stdout);
 		if (c->step_ms > 0)
@@ -126,6 +159,10 @@ int main(int argc, char **argv)
 	}
 	struct ctx c = {
 	        .steps = atoll(argv[1]), .count = (size_t)atoll(argv[2]), .step_ms = atoi(argv[3])};
+	const char *soak = getenv("ELASTIC_WORKER_SOAK");
+	c.soak = soak && strcmp(soak, "1") == 0;
+	const char *corrupt = getenv("ELASTIC_WORKER_CORRUPT");
+	c.corrupt_at = corrupt ? atoll(corrupt) : -1;
 	c.acc = calloc(c.count, sizeof(double));
 	c.x = calloc(c.count, sizeof(double));
 	if (!c.acc || !c.x)
@@ -146,7 +183,10 @@ int main(int argc, char **argv)
 	st = kolo_elastic_run(comm, state, train, &c);
 	int rc = 0;
 	if (st == KOLO_ESHUTDOWN && kolo_state_left(state)) {
-		printf("LEFT step %" PRId64 "\n", c.step);
+		if (c.soak && !acc_ok(&c))
+			rc = 2;
+		else
+			printf("LEFT step %" PRId64 "\n", c.step);
 	} else if (st != KOLO_OK) {
 		fprintf(stderr, "kolo_elastic_run: %s: %s\n", kolo_strerror(st),
 		        kolo_last_error(comm));
