@@ -61,6 +61,10 @@ import urllib.request
 
 # Steps a worker does before its RSS is first sampled.
 WARM_STEPS = 200
+# How long the run may go on past --minutes (the last event's checks, the
+# final SIGTERMs) before that is a failed check; soak_2min's ctest timeout
+# leaves room for this and the diagnostics.
+OVERRUN_S = 45
 
 TOKEN = "soak-token-" + secrets.token_hex(12)
 
@@ -189,6 +193,7 @@ class Soak:
 		self.server = None
 		self.port = 0
 		self.t0 = now()
+		self.hard_end = self.t0 + a.minutes * 60 + OVERRUN_S
 		self.events = collections.Counter()
 		self.rank0_victims = 0
 		self.rounds_seen = set()
@@ -325,6 +330,9 @@ class Soak:
 			if self.wrong:
 				raise Failure("a worker computed a wrong result")
 			self.check_hang()
+			if now() > self.hard_end:
+				raise Failure("the run is still going %.0f s after its end (an event's checks"
+				              " overran)" % (now() - self.hard_end + OVERRUN_S))
 			if now() - self.last_rss_log > 60:
 				self.last_rss_log = now()
 				ll = self.long_lived()
@@ -704,7 +712,7 @@ class Soak:
 				try:
 					bt = subprocess.run(["gdb", "-p", str(w.pid), "-batch", "-ex",
 					                     "thread apply all bt 12"], capture_output=True,
-					                    text=True, timeout=30).stdout
+					                    text=True, timeout=8).stdout
 					print("  threads:\n    " + "\n    ".join(
 					        l for l in bt.splitlines() if l.startswith(("#", "Thread"))))
 				except (OSError, subprocess.TimeoutExpired):
