@@ -4,6 +4,7 @@
  * then never called. */
 #include "fusion_internal.h"
 
+#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -18,7 +19,9 @@ static bool kind_is_named(int kind)
 
 /* Fills kind, dtype, op, root and the scales of p from op, leaving the
  * fields a kind does not use at their canonical values, so that ranks agree
- * on them. */
+ * on them. The public arguments were judged by runtime/args.c before the op
+ * was built: what is asserted here is that contract; only the engine's own
+ * rules (the kind) are checked. */
 static kolo_status_t describe(const struct kolo_engine_op *op, struct fusion_params *p,
                               struct kolo_errbuf *eb)
 {
@@ -30,22 +33,17 @@ static kolo_status_t describe(const struct kolo_engine_op *op, struct fusion_par
 	p->postscale = op->postscale;
 	if (op->kind <= 0 || op->kind >= KOLO_FK_COUNT)
 		return kolo_fail(eb, KOLO_EINVAL, "unknown operation kind %d", op->kind);
-	if (kind_is_named(op->kind) && (!op->name || !op->name[0] || strlen(op->name) >= 1024))
-		return kolo_fail(eb, KOLO_EINVAL, "an operation needs a name (1-1023 bytes)");
+	assert(!kind_is_named(op->kind) || (op->name && op->name[0] && strlen(op->name) < 1024));
 	bool typed = op->kind != KOLO_FK_BARRIER && op->kind != KOLO_FK_JOIN &&
 	             op->kind != KOLO_FK_EXCLUSIVE;
-	if (typed && (unsigned)op->dtype >= KOLO_DTYPE_COUNT)
-		return kolo_fail(eb, KOLO_EINVAL, "'%s': invalid dtype %d",
-		                 op->name ? op->name : "", (int)op->dtype);
+	assert(!typed || (unsigned)op->dtype < KOLO_DTYPE_COUNT);
 	if (!typed)
 		p->dtype = 0;
 	bool reducing = op->kind == KOLO_FK_ALLREDUCE || op->kind == KOLO_FK_GROUP ||
 	                op->kind == KOLO_FK_REDUCESCATTER;
 	if (reducing) {
-		if ((unsigned)op->op >= KOLO_OP_COUNT)
-			return kolo_fail(eb, KOLO_EINVAL, "invalid op %d", (int)op->op);
-		if (!isfinite(op->prescale) || !isfinite(op->postscale))
-			return kolo_fail(eb, KOLO_EINVAL, "scale factors must be finite");
+		assert((unsigned)op->op < KOLO_OP_COUNT);
+		assert(isfinite(op->prescale) && isfinite(op->postscale));
 	} else {
 		p->op = 0;
 		p->prescale = p->postscale = 1.0;
@@ -55,8 +53,8 @@ static kolo_status_t describe(const struct kolo_engine_op *op, struct fusion_par
 	return KOLO_OK;
 }
 
-/* Checks op's buffers (and root, split, function) for its kind and sets
- * p->ncounts. */
+/* Sets p->ncounts for op's kind; its buffers, root and split were judged by
+ * runtime/args.c (asserted). */
 static kolo_status_t check_buffers(const struct kolo_engine_op *op, int n, struct fusion_params *p,
                                    struct kolo_errbuf *eb)
 {
@@ -64,31 +62,26 @@ static kolo_status_t check_buffers(const struct kolo_engine_op *op, int n, struc
 	case KOLO_FK_ALLREDUCE:
 	case KOLO_FK_REDUCESCATTER:
 	case KOLO_FK_BROADCAST:
-		if (op->count &&
-		    (op->kind == KOLO_FK_BROADCAST ? !op->recvbuf : (!op->sendbuf || !op->recvbuf)))
-			return kolo_fail(eb, KOLO_EINVAL, "'%s': NULL buffer", op->name);
-		if (op->kind == KOLO_FK_BROADCAST && (op->root < 0 || op->root >= n))
-			return kolo_fail(eb, KOLO_EINVAL, "'%s': root %d is not a rank", op->name,
-			                 op->root);
+		/* A reducescatter's recvbuf may be NULL when this rank's block is
+		 * empty, as on the blocking path. */
+		assert(!op->count || (op->kind == KOLO_FK_BROADCAST ? op->recvbuf != NULL
+		                      : op->kind == KOLO_FK_ALLREDUCE
+		                              ? op->sendbuf && op->recvbuf
+		                              : op->sendbuf != NULL));
+		assert(op->kind != KOLO_FK_BROADCAST || (op->root >= 0 && op->root < n));
 		p->ncounts = 1;
 		break;
 	case KOLO_FK_ALLGATHER:
-		if ((op->count && !op->sendbuf) || !op->recvbuf_out || !op->recvcounts)
-			return kolo_fail(eb, KOLO_EINVAL, "'%s': NULL buffer", op->name);
+		assert((!op->count || op->sendbuf) && op->recvbuf_out && op->recvcounts);
 		p->ncounts = 1;
 		break;
 	case KOLO_FK_ALLTOALL:
-		if ((op->count && !op->sendbuf) || !op->recvbuf_out || !op->recvcounts)
-			return kolo_fail(eb, KOLO_EINVAL, "'%s': NULL buffer", op->name);
-		if (!op->sendcounts && op->count % (size_t)n)
-			return kolo_fail(eb, KOLO_EINVAL,
-			                 "'%s': count %zu does not split evenly over %d ranks",
-			                 op->name, op->count, n);
+		assert((!op->count || op->sendbuf) && op->recvbuf_out && op->recvcounts);
+		assert(op->sendcounts || op->count % (size_t)n == 0);
 		p->ncounts = (uint32_t)n;
 		break;
 	case KOLO_FK_GROUP:
-		if (op->n < 1 || !op->names || !op->sendbufs || !op->recvbufs || !op->counts)
-			return kolo_fail(eb, KOLO_EINVAL, "grouped allreduce: bad arguments");
+		assert(op->n >= 1 && op->names && op->sendbufs && op->recvbufs && op->counts);
 		p->ncounts = (uint32_t)op->n;
 		break;
 	case KOLO_FK_EXCLUSIVE:
@@ -108,16 +101,9 @@ static kolo_status_t copy_group(const struct kolo_engine_op *op, struct fusion_q
 {
 	size_t len = 7;
 	for (int i = 0; i < op->n; i++) {
-		if (!op->names[i] || !op->names[i][0])
-			return kolo_fail(eb, KOLO_EINVAL, "grouped allreduce: empty name");
-		if (op->counts[i] && (!op->sendbufs[i] || !op->recvbufs[i]))
-			return kolo_fail(eb, KOLO_EINVAL, "grouped allreduce '%s': NULL buffer",
-			                 op->names[i]);
-		for (int j = 0; j < i; j++)
-			if (strcmp(op->names[i], op->names[j]) == 0)
-				return kolo_fail(eb, KOLO_EINVAL,
-				                 "grouped allreduce: '%s' appears twice",
-				                 op->names[i]);
+		/* Names, buffers and duplicates: judged by runtime/args.c. */
+		assert(op->names[i] && op->names[i][0]);
+		assert(!op->counts[i] || (op->sendbufs[i] && op->recvbufs[i]));
 		len += strlen(op->names[i]) + 1;
 		o->p.counts[i] = op->counts[i];
 	}
