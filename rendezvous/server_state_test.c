@@ -1,0 +1,271 @@
+/* Round formation, leases and claims driven by a fake clock: the state
+ * functions take `now`, so every deadline is stepped over exactly. */
+#include <string.h>
+
+#include "server_internal.h"
+#include "testutil.h"
+
+static struct rdzv_state st;
+
+static void state_setup(int min_np, int max_np, int settle_ms, int lease_ms)
+{
+	memset(&st, 0, sizeof(st));
+	st.cfg.min_np = min_np;
+	st.cfg.max_np = max_np;
+	st.cfg.settle_ms = settle_ms;
+	st.cfg.lease_ms = lease_ms;
+}
+
+static void state_teardown(void)
+{
+	kolo_strmap_fini(&st.jobs, rdzv_job_free);
+}
+
+static struct rdzv_worker *join_at(struct rdzv_job *j, const char *host, uint64_t now)
+{
+	struct kolo_rdzv_join_req jr = {.round = -1, .rank = -1};
+	snprintf(jr.host, sizeof(jr.host), "%s", host);
+	bool retry;
+	struct rdzv_worker *w = rdzv_job_join(&st, j, &jr, now, &retry);
+	ck_assert_ptr_nonnull(w);
+	ck_assert(!retry);
+	return w;
+}
+
+static struct rdzv_worker *claim_at(struct rdzv_job *j, const char *id, int64_t round, int rank,
+                                    uint64_t now)
+{
+	struct kolo_rdzv_join_req jr = {.round = round, .rank = rank};
+	snprintf(jr.host, sizeof(jr.host), "h");
+	snprintf(jr.worker_id, sizeof(jr.worker_id), "%s", id);
+	bool retry;
+	struct rdzv_worker *w = rdzv_job_join(&st, j, &jr, now, &retry);
+	ck_assert_ptr_nonnull(w);
+	return w;
+}
+
+/* The members reach the commit point of the current round. */
+static void commit_all(struct rdzv_job *j)
+{
+	for (int r = 0; r < j->n_ranks; r++) {
+		if (j->by_rank[r])
+			j->by_rank[r]->commit_round = j->round;
+	}
+}
+
+/* A round forms settle_ms after the last join, not a tick earlier; ranks
+ * follow join order, grouped by host. */
+START_TEST(settle_after_last_join)
+{
+	state_setup(2, 0, 100, 10000);
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
+	struct rdzv_worker *a = join_at(j, "h1", 0);
+	struct rdzv_worker *b = join_at(j, "h2", 10);
+	struct rdzv_worker *c = join_at(j, "h1", 50);
+	uint64_t due = 50 + 100;
+	ck_assert_uint_eq(rdzv_job_settle_deadline(j), due);
+	rdzv_job_tick(&st, j, due - 1);
+	ck_assert_int_eq(j->state, RDZV_JOB_WAITING);
+	ck_assert_int_eq(j->round, 0);
+	rdzv_job_tick(&st, j, due);
+	ck_assert_int_eq(j->state, RDZV_JOB_RUNNING);
+	ck_assert_int_eq(j->round, 1);
+	ck_assert_int_eq(j->n_members, 3);
+	ck_assert_uint_eq(st.rounds_formed, 1);
+	/* h1's workers first (its first worker joined first), then h2's. */
+	ck_assert_int_eq(a->rank, 0);
+	ck_assert_int_eq(c->rank, 1);
+	ck_assert_int_eq(b->rank, 2);
+	ck_assert_int_eq(a->slot.local_size, 2);
+	ck_assert(rdzv_job_assignment_ready(j, a, 0));
+	ck_assert(!rdzv_job_assignment_ready(j, a, 1));
+	ck_assert_str_eq(rdzv_job_state_word(j), "running");
+	ck_assert_uint_eq(rdzv_job_settle_deadline(j), UINT64_MAX);
+}
+END_TEST
+
+/* Reaching max_np forms the round at the join, without settling. */
+START_TEST(max_np_forms_at_once)
+{
+	state_setup(1, 2, 100000, 10000);
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
+	join_at(j, "h", 0);
+	ck_assert_int_eq(j->round, 0);
+	join_at(j, "h", 1);
+	ck_assert_int_eq(j->round, 1);
+	ck_assert_int_eq(j->n_members, 2);
+	/* A third waits, and is a pending change that fits no round. */
+	join_at(j, "h", 2);
+	ck_assert_int_eq(j->n_workers, 3);
+	ck_assert(!rdzv_job_pending_change(j));
+}
+END_TEST
+
+/* A worker joining a running round re-forms it only once every member
+ * passed its commit point and settle_ms passed. */
+START_TEST(pending_change_waits_for_commit)
+{
+	state_setup(2, 0, 100, 10000);
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
+	join_at(j, "h", 0);
+	join_at(j, "h", 0);
+	rdzv_job_tick(&st, j, 100);
+	ck_assert_int_eq(j->round, 1);
+	join_at(j, "h", 200);
+	ck_assert(rdzv_job_pending_change(j));
+	rdzv_job_tick(&st, j, 1000);
+	ck_assert_int_eq(j->round, 1); /* members not at a commit point */
+	ck_assert_uint_eq(rdzv_job_settle_deadline(j), UINT64_MAX);
+	commit_all(j);
+	ck_assert_uint_eq(rdzv_job_settle_deadline(j), 300);
+	rdzv_job_tick(&st, j, 299);
+	ck_assert_int_eq(j->round, 1);
+	rdzv_job_tick(&st, j, 1000);
+	ck_assert_int_eq(j->round, 2);
+	ck_assert_int_eq(j->n_members, 3);
+	ck_assert(!rdzv_job_pending_change(j));
+}
+END_TEST
+
+/* Leases run out at exactly lease_ms; a held poll keeps them. A member
+ * lost re-forms at once with the rest. */
+START_TEST(lease_expiry_reforms)
+{
+	state_setup(3, 0, 0, 1000);
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
+	struct rdzv_worker *a = join_at(j, "h", 0);
+	join_at(j, "h", 0);
+	join_at(j, "h", 0);
+	rdzv_job_tick(&st, j, 0);
+	ck_assert_int_eq(j->round, 1);
+	ck_assert_int_eq(j->n_members, 3);
+	struct rdzv_worker *keep[2];
+	int k = 0;
+	for (int r = 0; r < j->n_ranks; r++) {
+		if (j->by_rank[r] != a)
+			keep[k++] = j->by_rank[r];
+	}
+	keep[0]->lease_deadline = keep[1]->lease_deadline = 5000;
+	char a_id[KOLO_RDZV_ID_MAX];
+	snprintf(a_id, sizeof(a_id), "%s", a->id);
+	st.cfg.min_np = j->cfg.min_np = 2;
+	ck_assert_uint_eq(rdzv_job_expire_leases(j, 999), 1000);
+	ck_assert_int_eq(j->n_workers, 3);
+	ck_assert_uint_eq(rdzv_job_expire_leases(j, 1000), 5000);
+	ck_assert_int_eq(j->n_workers, 2);
+	ck_assert_int_eq(j->state, RDZV_JOB_BROKEN);
+	ck_assert_int_eq(j->n_evicted_since_round, 1);
+	rdzv_job_tick(&st, j, 1000);
+	ck_assert_int_eq(j->state, RDZV_JOB_RUNNING);
+	ck_assert_int_eq(j->round, 2);
+	ck_assert_int_eq(j->n_members, 2);
+	ck_assert_int_eq(j->n_evicted_since_round, 0);
+	char msg[400];
+	ck_assert_ptr_null(rdzv_job_find_worker(j, "job", a_id, msg, sizeof(msg)));
+	ck_assert_ptr_nonnull(strstr(msg, "(lease expired)"));
+	/* A worker with a poll held is never expired. */
+	keep[0]->n_polls = 1;
+	rdzv_job_expire_leases(j, 6000);
+	ck_assert_int_eq(j->n_workers, 1);
+}
+END_TEST
+
+/* Members that all leave gracefully end the round without an eviction on
+ * the count; the job then waits. */
+START_TEST(graceful_leaves_are_counted_apart)
+{
+	state_setup(2, 0, 0, 1000);
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
+	struct rdzv_worker *a = join_at(j, "h", 0);
+	join_at(j, "h", 0);
+	rdzv_job_tick(&st, j, 0);
+	ck_assert_int_eq(j->round, 1);
+	char a_id[KOLO_RDZV_ID_MAX];
+	snprintf(a_id, sizeof(a_id), "%s", a->id);
+	rdzv_job_drop(j, a, "left", false);
+	ck_assert_int_eq(j->state, RDZV_JOB_BROKEN);
+	ck_assert_int_eq(j->n_evicted_since_round, 0);
+	ck_assert_ptr_nonnull(strstr(j->dropped, "(left)"));
+	rdzv_job_tick(&st, j, 10);
+	ck_assert_int_eq(j->state, RDZV_JOB_WAITING);
+	ck_assert_str_eq(rdzv_job_state_word(j), "waiting");
+	ck_assert_int_eq(j->n_members, 0);
+	ck_assert_str_eq(j->dropped, "");
+	/* The worker that left is remembered with its reason; a stranger is
+	 * told to register again. */
+	char msg[400];
+	ck_assert_ptr_null(rdzv_job_find_worker(j, "job", a_id, msg, sizeof(msg)));
+	ck_assert_ptr_nonnull(strstr(msg, "(left)"));
+	ck_assert_ptr_null(rdzv_job_find_worker(j, "job", "x", msg, sizeof(msg)));
+	ck_assert_ptr_nonnull(strstr(msg, "unknown worker x"));
+}
+END_TEST
+
+/* After a restart, claims rebuild the round; it re-forms settle_ms after
+ * the last claim once every returning member is past it, and a rank that
+ * never came back, reported failed, re-forms it at once. */
+START_TEST(restored_round_from_claims)
+{
+	state_setup(1, 0, 100, 10000);
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
+	struct rdzv_worker *a = claim_at(j, "w-a", 7, 1, 0);
+	ck_assert_int_eq(j->state, RDZV_JOB_RESTORED);
+	ck_assert_int_eq(j->round, 7);
+	ck_assert_int_eq(a->rank, 1);
+	ck_assert(!rdzv_job_assignment_ready(j, a, 0)); /* no settled assignment */
+	struct rdzv_worker *b = claim_at(j, "w-b", 7, 2, 40);
+	ck_assert_int_eq(j->n_members, 2);
+	/* A stale claim joins afresh. */
+	struct rdzv_worker *c = claim_at(j, "w-c", 6, 0, 50);
+	ck_assert_int_eq(c->rank, -1);
+	rdzv_job_tick(&st, j, 500);
+	ck_assert_int_eq(j->round, 7); /* the members are not past it */
+	a->commit_round = b->commit_round = 7;
+	ck_assert_uint_eq(rdzv_job_settle_deadline(j), 40 + 100);
+	/* Rank 0 never came back: its failure report re-forms at once. */
+	ck_assert(!rdzv_job_report_failure(&st, j, 6, 0, 60));
+	ck_assert(rdzv_job_report_failure(&st, j, 7, 0, 60));
+	ck_assert_int_eq(j->state, RDZV_JOB_RUNNING);
+	ck_assert_int_eq(j->round, 8);
+	ck_assert_int_eq(j->n_members, 3);
+	ck_assert(rdzv_job_assignment_ready(j, c, 7));
+}
+END_TEST
+
+/* Idle jobs are forgotten job_retain_ms after their last request. */
+START_TEST(idle_jobs_forgotten)
+{
+	state_setup(1, 0, 0, 1000);
+	st.cfg.job_retain_ms = 500;
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 100);
+	ck_assert_uint_eq(rdzv_job_retain_deadline(&st, j), 600);
+	ck_assert_int_eq(rdzv_kv_put(&st, j, "k", "abc", 3), KOLO_OK);
+	ck_assert_uint_eq(st.kv_bytes, 3);
+	rdzv_job_sweep(&st, 599);
+	ck_assert_ptr_eq(rdzv_job_get(&st, "job", false, 599), j); /* and touched */
+	rdzv_job_sweep(&st, 1098);
+	ck_assert_uint_eq(st.jobs.n, 1);
+	rdzv_job_sweep(&st, 1099);
+	ck_assert_uint_eq(st.jobs.n, 0);
+	ck_assert_uint_eq(st.kv_keys, 0);
+	ck_assert_uint_eq(st.kv_bytes, 0);
+}
+END_TEST
+
+static Suite *server_state_suite(void)
+{
+	Suite *s = suite_create("server_state");
+	TCase *tc = tcase_create("rounds");
+	tcase_add_checked_fixture(tc, NULL, state_teardown);
+	tcase_add_test(tc, settle_after_last_join);
+	tcase_add_test(tc, max_np_forms_at_once);
+	tcase_add_test(tc, pending_change_waits_for_commit);
+	tcase_add_test(tc, lease_expiry_reforms);
+	tcase_add_test(tc, graceful_leaves_are_counted_apart);
+	tcase_add_test(tc, restored_round_from_claims);
+	tcase_add_test(tc, idle_jobs_forgotten);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+KOLO_CHECK_MAIN(server_state_suite)
