@@ -5,6 +5,7 @@
  * which re-registers the worker when the server answers 410 "unknown worker"
  * (it restarted and lost its soft state) and then puts again the KV entries
  * the worker put in the round it holds (the restart lost them too). */
+#include "client_parse.h"
 #include "rendezvous.h"
 
 #include <curl/curl.h>
@@ -221,17 +222,7 @@ static CURLcode http_once(struct kolo_rdzv_client *c, CURL *h, bool heartbeat, c
 /* The server's {"error": "..."} text, or "". */
 static const char *error_text(const struct resp *r, char *buf, size_t size)
 {
-	buf[0] = '\0';
-	if (!r->body)
-		return buf;
-	json_t *j = json_loadb(r->body, r->len, 0, NULL);
-	json_t *e = j ? json_object_get(j, "error") : NULL;
-	if (json_is_string(e))
-		snprintf(buf, size, "%s", json_string_value(e));
-	else
-		snprintf(buf, size, "%.200s", r->body);
-	json_decref(j);
-	return buf;
+	return rdzv_client_parse_error(r->body, r->len, buf, size);
 }
 
 static bool retryable_curl(CURLcode cc)
@@ -375,36 +366,6 @@ static kolo_status_t request(struct kolo_rdzv_client *c, CURL *h, struct req *q,
 			                              : "cancelled while waiting");
 		backoff = KOLO_MIN(backoff * 2, BACKOFF_MAX_MS);
 	}
-}
-
-/* ---- JSON helpers ----------------------------------------------------- */
-
-static bool get_int(json_t *o, const char *key, int64_t *out)
-{
-	json_t *v = json_object_get(o, key);
-	if (!json_is_integer(v))
-		return false;
-	*out = json_integer_value(v);
-	return true;
-}
-
-static bool get_str(json_t *o, const char *key, char *out, size_t size)
-{
-	json_t *v = json_object_get(o, key);
-	if (!json_is_string(v) || json_string_length(v) >= size)
-		return false;
-	memcpy(out, json_string_value(v), json_string_length(v) + 1);
-	return true;
-}
-
-static json_t *parse_body(const struct resp *r)
-{
-	json_t *j = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
-	if (j && !json_is_object(j)) {
-		json_decref(j);
-		return NULL;
-	}
-	return j;
 }
 
 /* ---- create / destroy ------------------------------------------------- */
@@ -563,22 +524,18 @@ static kolo_status_t do_register(struct kolo_rdzv_client *c, CURL *h, bool heart
 		               error_text(&r, etext, sizeof(etext)));
 		goto out;
 	}
-	json_t *j = parse_body(&r);
 	char wid[KOLO_RDZV_ID_MAX];
-	int64_t lease;
-	if (!j || !get_str(j, "worker_id", wid, sizeof(wid)) || !wid[0] ||
-	    !get_int(j, "lease_ms", &lease) || lease <= 0 || lease > INT32_MAX) {
-		json_decref(j);
+	int lease;
+	if (!rdzv_client_parse_join(r.body, r.len, wid, &lease)) {
 		st = kolo_fail(eb, KOLO_EPROTO, "rendezvous %s: malformed join response: %.200s",
 		               c->url, r.body ? r.body : "");
 		goto out;
 	}
-	json_decref(j);
 	pthread_mutex_lock(&c->lock);
 	/* Written only when changed: other threads read the id unlocked. */
 	if (strcmp(c->worker_id, wid) != 0)
 		snprintf(c->worker_id, sizeof(c->worker_id), "%s", wid);
-	c->lease_ms = (int)lease;
+	c->lease_ms = lease;
 	c->joined = true;
 	c->reg_gen++;
 	pthread_mutex_unlock(&c->lock);
@@ -657,64 +614,23 @@ static char *worker_path(struct kolo_rdzv_client *c, struct req *q, const char *
 static kolo_status_t parse_assignment(struct kolo_rdzv_client *c, const struct resp *r,
                                       struct kolo_rdzv_assignment *out, struct kolo_errbuf *eb)
 {
-	json_t *j = parse_body(r);
-	int64_t round, rank, size, lr, ls, cr, cs;
-	json_t *members = j ? json_object_get(j, "members") : NULL;
-	struct kolo_rdzv_member *m = NULL;
-	const char *why = "missing or mistyped field";
-	if (!j || !get_int(j, "round", &round) || !get_int(j, "rank", &rank) ||
-	    !get_int(j, "size", &size) || !get_int(j, "local_rank", &lr) ||
-	    !get_int(j, "local_size", &ls) || !get_int(j, "cross_rank", &cr) ||
-	    !get_int(j, "cross_size", &cs) || !json_is_array(members))
-		goto bad;
-	why = "inconsistent values";
-	if (round < 1 || size < 1 || size > 1 << 20 || rank < 0 || rank >= size || ls < 1 ||
-	    lr < 0 || lr >= ls || cs < 1 || cr < 0 || cr >= cs ||
-	    json_array_size(members) != (size_t)size)
-		goto bad;
-	m = calloc((size_t)size, sizeof(*m));
-	if (!m) {
-		json_decref(j);
+	struct kolo_rdzv_assignment a;
+	const char *why;
+	kolo_status_t st = rdzv_client_parse_assignment(r->body, r->len, &a, &why);
+	if (st == KOLO_ENOMEM)
 		return kolo_fail(eb, KOLO_ENOMEM, "out of memory");
+	if (st == KOLO_OK) {
+		pthread_mutex_lock(&c->lock);
+		bool mine = strcmp(a.members[a.rank].worker_id, c->worker_id) == 0;
+		pthread_mutex_unlock(&c->lock);
+		if (mine) {
+			kolo_rdzv_assignment_fini(out);
+			*out = a;
+			return KOLO_OK;
+		}
+		why = "the member at my rank is another worker";
+		kolo_rdzv_assignment_fini(&a);
 	}
-	for (size_t i = 0; i < (size_t)size; i++)
-		m[i].rank = -1;
-	for (size_t i = 0; i < (size_t)size; i++) {
-		json_t *e = json_array_get(members, i);
-		int64_t mr;
-		why = "malformed member";
-		if (!json_is_object(e) || !get_int(e, "rank", &mr) || mr < 0 || mr >= size)
-			goto bad;
-		why = "duplicate member rank";
-		if (m[mr].rank != -1)
-			goto bad;
-		why = "malformed member";
-		if (!get_str(e, "worker_id", m[mr].worker_id, sizeof(m[mr].worker_id)) ||
-		    !get_str(e, "host", m[mr].host, sizeof(m[mr].host)))
-			goto bad;
-		m[mr].rank = (int)mr;
-	}
-	pthread_mutex_lock(&c->lock);
-	bool mine = strcmp(m[rank].worker_id, c->worker_id) == 0;
-	pthread_mutex_unlock(&c->lock);
-	why = "the member at my rank is another worker";
-	if (!mine)
-		goto bad;
-	json_decref(j);
-	kolo_rdzv_assignment_fini(out);
-	*out = (struct kolo_rdzv_assignment){.round = round,
-	                                     .rank = (int)rank,
-	                                     .size = (int)size,
-	                                     .local_rank = (int)lr,
-	                                     .local_size = (int)ls,
-	                                     .cross_rank = (int)cr,
-	                                     .cross_size = (int)cs,
-	                                     .n_members = (int)size,
-	                                     .members = m};
-	return KOLO_OK;
-bad:
-	free(m);
-	json_decref(j);
 	return kolo_fail(eb, KOLO_EPROTO, "rendezvous %s: malformed assignment (%s): %.200s",
 	                 c->url, why, r->body ? r->body : "");
 }
@@ -812,19 +728,17 @@ static kolo_status_t heartbeat_once(struct kolo_rdzv_client *c, CURL *h)
 	char etext[256];
 	kolo_status_t st = request(c, h, &q, &r, &eb, hb_path);
 	int64_t round = -1;
-	json_t *pc = NULL;
-	json_t *j = NULL;
+	bool pending_change = false;
 	if (st == KOLO_OK) {
-		j = r.code == 200 ? parse_body(&r) : NULL;
-		pc = j ? json_object_get(j, "pending_change") : NULL;
-		if (!j || !get_int(j, "round", &round) || !json_is_boolean(pc))
+		if (r.code != 200 ||
+		    !rdzv_client_parse_heartbeat(r.body, r.len, &round, &pending_change))
 			st = kolo_fail(&eb, KOLO_EPROTO, "heartbeat: HTTP %ld: %s", r.code,
 			               error_text(&r, etext, sizeof(etext)));
 	}
 	pthread_mutex_lock(&c->lock);
 	if (st == KOLO_OK) {
 		c->hb.round = round;
-		c->hb.pending_change = json_is_true(pc);
+		c->hb.pending_change = pending_change;
 	}
 	if (st != KOLO_ESHUTDOWN)
 		c->hb.last = st;
@@ -833,7 +747,6 @@ static kolo_status_t heartbeat_once(struct kolo_rdzv_client *c, CURL *h)
 	if (st != KOLO_OK && st != KOLO_ESHUTDOWN)
 		c->hb_err = eb;
 	pthread_mutex_unlock(&c->lock);
-	json_decref(j);
 	resp_fini(&r);
 	if (st != KOLO_OK && st != KOLO_ESHUTDOWN)
 		KOLO_WARN(SUBSYS, "heartbeat failed: %s", eb.msg);
@@ -1027,17 +940,14 @@ kolo_status_t kolo_rdzv_job_round(struct kolo_rdzv_client *c, int64_t *round, in
 	kolo_status_t st = kolo_rdzv_job_status(c, &text);
 	if (st != KOLO_OK)
 		return st;
-	json_t *j = json_loads(text, 0, NULL);
-	free(text);
-	json_t *members = j ? json_object_get(j, "members") : NULL;
 	int64_t r = 0;
-	if (!j || !get_int(j, "round", &r) || !json_is_array(members)) {
-		json_decref(j);
+	int n = 0;
+	bool ok = rdzv_client_parse_job_round(text, strlen(text), &r, &n);
+	free(text);
+	if (!ok)
 		return kolo_fail(&c->err, KOLO_EPROTO, "the job status has no round or members");
-	}
 	*round = r;
-	*size = (int)json_array_size(members);
-	json_decref(j);
+	*size = n;
 	return KOLO_OK;
 }
 

@@ -2,7 +2,7 @@
 # Builds the fuzz targets with clang's libFuzzer (+ASan+UBSan) in build-fuzz
 # and runs each for a while, starting from the committed corpus.
 # Usage: scripts/fuzz.sh [--seconds N] [--jobs N] [TARGET...]
-#   TARGET: rdzv_json, rdzv_http, negotiate_record, tcp_hello (default: all), see tests/fuzz/.
+#   TARGET: rdzv_json, rdzv_http, rdzv_reply, negotiate_record, tcp_hello (default: all), see tests/fuzz/.
 # New inputs go to build-fuzz/corpus/TARGET; crashes to build-fuzz/crash-*.
 # To keep the interesting new inputs:
 #   build-fuzz/bin/fuzz_TARGET -merge=1 tests/fuzz/corpus/TARGET build-fuzz/corpus/TARGET
@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
 	esac
 	shift
 done
-[ ${#targets[@]} -gt 0 ] || targets=(rdzv_json rdzv_http negotiate_record tcp_hello)
+[ ${#targets[@]} -gt 0 ] || targets=(rdzv_json rdzv_http rdzv_reply negotiate_record tcp_hello)
 
 if ! command -v clang >/dev/null || [ ! -e "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a)" ]; then
 	sudo_cmd=""
