@@ -5,6 +5,7 @@
  * which re-registers the worker when the server answers 410 "unknown worker"
  * (it restarted and lost its soft state) and then puts again the KV entries
  * the worker put in the round it holds (the restart lost them too). */
+#include "bytes.h"
 #include "client_parse.h"
 #include "rendezvous.h"
 
@@ -105,18 +106,7 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud)
 		r->too_big = true;
 		return 0;
 	}
-	if (r->len + n + 1 > r->cap) {
-		size_t cap = KOLO_MAX(r->cap * 2, r->len + n + 1);
-		char *b = realloc(r->body, cap);
-		if (!b)
-			return 0;
-		r->body = b;
-		r->cap = cap;
-	}
-	memcpy(r->body + r->len, ptr, n);
-	r->len += n;
-	r->body[r->len] = '\0';
-	return n;
+	return kolo_bytes_append(&r->body, &r->len, &r->cap, ptr, n, 0) ? n : 0;
 }
 
 struct xfer_ctx {

@@ -4,6 +4,8 @@
  * polls; the daemon's thread. */
 #include "server_internal.h"
 
+#include "bytes.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <microhttpd.h>
@@ -318,19 +320,8 @@ static enum MHD_Result request_body(struct rdzv_req *r, const char *data, size_t
 		/* Past this, stop reading: the connection is closed. */
 		return r->discarded > DISCARD_MAX ? MHD_NO : MHD_YES;
 	}
-	if (r->len + n + 1 > r->cap) {
-		size_t cap = KOLO_MAX(r->cap * 2, r->len + n + 1);
-		cap = KOLO_MAX(cap, (size_t)BODY_FIRST_CAP);
-		char *nb = realloc(r->body, cap);
-		if (!nb)
-			return MHD_NO;
-		r->body = nb;
-		r->cap = cap;
-	}
-	memcpy(r->body + r->len, data, n);
-	r->len += n;
-	r->body[r->len] = '\0';
-	return MHD_YES;
+	return kolo_bytes_append(&r->body, &r->len, &r->cap, data, n, BODY_FIRST_CAP) ? MHD_YES
+	                                                                              : MHD_NO;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,

@@ -44,6 +44,22 @@ static struct rdzv_worker *claim_at(struct rdzv_job *j, const char *id, int64_t 
 	return w;
 }
 
+/* A job whose first round formed from n workers joined at 0, ticked at
+ * `at`; w[] (n long, or NULL) gets the workers in join order. */
+static struct rdzv_job *formed_job(int n, uint64_t at, struct rdzv_worker **w)
+{
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
+	for (int i = 0; i < n; i++) {
+		struct rdzv_worker *x = join_at(j, "h", 0);
+		if (w)
+			w[i] = x;
+	}
+	rdzv_job_tick(&st, j, at);
+	ck_assert_int_eq(j->round, 1);
+	ck_assert_int_eq(j->n_members, n);
+	return j;
+}
+
 /* The members reach the commit point of the current round. */
 static void commit_all(struct rdzv_job *j)
 {
@@ -106,11 +122,7 @@ END_TEST
 START_TEST(pending_change_waits_for_commit)
 {
 	state_setup(2, 0, 100, 10000);
-	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
-	join_at(j, "h", 0);
-	join_at(j, "h", 0);
-	rdzv_job_tick(&st, j, 100);
-	ck_assert_int_eq(j->round, 1);
+	struct rdzv_job *j = formed_job(2, 100, NULL);
 	join_at(j, "h", 200);
 	ck_assert(rdzv_job_pending_change(j));
 	rdzv_job_tick(&st, j, 1000);
@@ -132,13 +144,9 @@ END_TEST
 START_TEST(lease_expiry_reforms)
 {
 	state_setup(3, 0, 0, 1000);
-	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
-	struct rdzv_worker *a = join_at(j, "h", 0);
-	join_at(j, "h", 0);
-	join_at(j, "h", 0);
-	rdzv_job_tick(&st, j, 0);
-	ck_assert_int_eq(j->round, 1);
-	ck_assert_int_eq(j->n_members, 3);
+	struct rdzv_worker *w[3];
+	struct rdzv_job *j = formed_job(3, 0, w);
+	struct rdzv_worker *a = w[0];
 	struct rdzv_worker *keep[2];
 	int k = 0;
 	for (int r = 0; r < j->n_ranks; r++) {
@@ -175,11 +183,9 @@ END_TEST
 START_TEST(graceful_leaves_are_counted_apart)
 {
 	state_setup(2, 0, 0, 1000);
-	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
-	struct rdzv_worker *a = join_at(j, "h", 0);
-	join_at(j, "h", 0);
-	rdzv_job_tick(&st, j, 0);
-	ck_assert_int_eq(j->round, 1);
+	struct rdzv_worker *w[2];
+	struct rdzv_job *j = formed_job(2, 0, w);
+	struct rdzv_worker *a = w[0];
 	char a_id[KOLO_RDZV_ID_MAX];
 	snprintf(a_id, sizeof(a_id), "%s", a->id);
 	rdzv_job_drop(j, a, "left", false);
