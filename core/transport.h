@@ -54,6 +54,10 @@ struct kolo_transport_config {
 	 * acknowledgement. 0 disables it. */
 	int probe_ms;
 	int probe_timeout_ms;
+	/* Which ranks share this endpoint's host (size entries; NULL: none
+	 * known). The hybrid transport (runtime/hybrid.h) reaches those through
+	 * shared memory; other transports ignore it. */
+	const bool *same_host;
 };
 
 struct kolo_transport_ops;

@@ -1,11 +1,14 @@
 /* hybrid: see hybrid.h. Conns and requests are thin wrappers around the
  * sub-transport's, so that the ring can call test() on the hybrid. */
 #include "hybrid.h"
+#include "transport_shm.h"
+#include "transport_tcp.h"
 
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 
+#define SUBSYS     "hybrid"
 #define SUB_HANDLE 60 /* bytes of each sub-handle kept in the hybrid handle */
 
 struct hybrid_handle {
@@ -67,14 +70,6 @@ static void hybrid_destroy(struct kolo_transport *t)
 	}
 	free(h->same_host);
 	free(h);
-}
-
-static kolo_status_t hybrid_create_op(const struct kolo_transport_config *cfg,
-                                      struct kolo_transport **out)
-{
-	(void)cfg;
-	(void)out;
-	return KOLO_EUNSUPPORTED; /* use kolo_hybrid_create() */
 }
 
 static kolo_status_t hybrid_listen(struct kolo_transport *t, struct kolo_transport_handle *out)
@@ -275,9 +270,51 @@ static bool hybrid_unreachable(struct kolo_transport *t, int peer_rank)
 	return h->net->ops->unreachable && h->net->ops->unreachable(h->net, peer_rank);
 }
 
-static const struct kolo_transport_ops hybrid_ops = {
+/* Shared memory for the peers cfg->same_host marks (created only if there
+ * is one), TCP for the others. */
+static kolo_status_t hybrid_create(const struct kolo_transport_config *cfg,
+                                   struct kolo_transport **out)
+{
+	const struct kolo_transport_ops *local = &kolo_transport_shm_ops;
+	const struct kolo_transport_ops *net = &kolo_transport_tcp_ops;
+	*out = NULL;
+	if (!cfg || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
+		return KOLO_EINVAL;
+	struct hybrid *h = calloc(1, sizeof(*h));
+	if (!h)
+		return KOLO_ENOMEM;
+	h->base.ops = &kolo_transport_hybrid_ops;
+	h->size = cfg->size;
+	h->same_host = calloc((size_t)cfg->size, sizeof(bool));
+	if (!h->same_host) {
+		free(h);
+		return KOLO_ENOMEM;
+	}
+	bool any_local = false;
+	for (int r = 0; r < cfg->size; r++) {
+		h->same_host[r] = cfg->same_host && cfg->same_host[r] && r != cfg->rank;
+		any_local |= h->same_host[r];
+		h->any_remote |= r != cfg->rank && !h->same_host[r];
+	}
+	const char *failed = net->name;
+	kolo_status_t st = net->create(cfg, &h->net);
+	if (st == KOLO_OK && any_local) {
+		failed = local->name;
+		st = local->create(cfg, &h->local);
+	}
+	if (st != KOLO_OK) {
+		KOLO_ERROR(SUBSYS, "cannot create the %s transport: %s", failed,
+		           kolo_status_name(st));
+		hybrid_destroy(&h->base);
+		return st;
+	}
+	*out = &h->base;
+	return KOLO_OK;
+}
+
+const struct kolo_transport_ops kolo_transport_hybrid_ops = {
         .name = "hybrid",
-        .create = hybrid_create_op,
+        .create = hybrid_create,
         .listen = hybrid_listen,
         .connect = hybrid_connect,
         .accept = hybrid_accept,
@@ -301,44 +338,5 @@ kolo_status_t kolo_hybrid_net_handle(const struct kolo_transport_handle *h,
 		return KOLO_EINVAL;
 	memset(net, 0, sizeof(*net));
 	memcpy(net->bytes, w.net, SUB_HANDLE);
-	return KOLO_OK;
-}
-
-kolo_status_t kolo_hybrid_create(const struct kolo_transport_config *cfg, const bool *same_host,
-                                 const struct kolo_transport_ops *local,
-                                 const struct kolo_transport_ops *net, struct kolo_transport **out,
-                                 struct kolo_errbuf *eb)
-{
-	struct hybrid *h = calloc(1, sizeof(*h));
-	if (!h)
-		return kolo_fail(eb, KOLO_ENOMEM, "out of memory");
-	h->base.ops = &hybrid_ops;
-	h->size = cfg->size;
-	h->same_host = calloc((size_t)KOLO_MAX(cfg->size, 1), sizeof(bool));
-	if (!h->same_host) {
-		free(h);
-		return kolo_fail(eb, KOLO_ENOMEM, "out of memory");
-	}
-	bool any_local = false;
-	for (int r = 0; r < cfg->size; r++) {
-		h->same_host[r] = same_host && same_host[r] && r != cfg->rank;
-		any_local |= h->same_host[r];
-		h->any_remote |= r != cfg->rank && !h->same_host[r];
-	}
-	kolo_status_t st = net->create(cfg, &h->net);
-	if (st != KOLO_OK) {
-		hybrid_destroy(&h->base);
-		return kolo_fail(eb, st, "cannot create the %s transport", net->name);
-	}
-	if (!local)
-		h->any_remote = cfg->size > 1;
-	if (local && any_local) {
-		st = local->create(cfg, &h->local);
-		if (st != KOLO_OK) {
-			hybrid_destroy(&h->base);
-			return kolo_fail(eb, st, "cannot create the %s transport", local->name);
-		}
-	}
-	*out = &h->base;
 	return KOLO_OK;
 }

@@ -1,6 +1,7 @@
 /* hybrid: one transport endpoint made of two, routing each peer to shared
- * memory when it is on this host and to the network transport otherwise.
- * The ring sees one transport; its handle carries both sub-handles. */
+ * memory when cfg.same_host says it is on this host and to TCP otherwise.
+ * The ring sees one transport; its handle carries both sub-handles. Every
+ * multi-host job runs on it. */
 #ifndef KOLO_RUNTIME_HYBRID_H
 #define KOLO_RUNTIME_HYBRID_H
 
@@ -8,13 +9,11 @@
 
 #include "transport.h"
 
-/* Creates the endpoint. same_host[r] says whether rank r shares this host
- * (copied; cfg->size entries). local: the transport for same-host peers
- * (NULL: use net for everyone); net: the transport for the others. */
-kolo_status_t kolo_hybrid_create(const struct kolo_transport_config *cfg, const bool *same_host,
-                                 const struct kolo_transport_ops *local,
-                                 const struct kolo_transport_ops *net, struct kolo_transport **out,
-                                 struct kolo_errbuf *eb);
+/* The contract of core/transport.h. create() copies cfg->same_host (NULL:
+ * every peer over TCP, and no shared memory is set up); shared memory is
+ * created only when some other rank is on this host. poll_fd() is -1 while
+ * both sub-transports are in use; unreachable() is TCP's. */
+extern const struct kolo_transport_ops kolo_transport_hybrid_ops;
 
 /* The network transport's handle inside a hybrid handle. KOLO_EINVAL when h
  * is not a hybrid handle. */

@@ -227,13 +227,12 @@ kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
 		if (m->rank >= 0 && m->rank < a->size)
 			same_host[m->rank] = strcmp(m->host, comm->host) == 0;
 	}
-	struct kolo_errbuf teb = {{0}};
-	kolo_status_t st =
-	        kolo_hybrid_create(&tc, same_host, shm_enabled() ? &kolo_transport_shm_ops : NULL,
-	                           &kolo_transport_tcp_ops, &comm->transport, &teb);
+	tc.same_host = shm_enabled() ? same_host : NULL; /* NULL: TCP to everyone */
+	kolo_status_t st = kolo_transport_hybrid_ops.create(&tc, &comm->transport);
 	free(same_host);
 	if (st != KOLO_OK)
-		return kolo_comm_fail(comm, st, "creating the transport failed: %s", teb.msg);
+		return kolo_comm_fail(comm, st, "creating the %s transport failed (the log says why)",
+		                      kolo_transport_hybrid_ops.name);
 	const struct kolo_transport_ops *ops = comm->transport->ops;
 	memset(out, 0, sizeof(*out));
 	st = ops->listen(comm->transport, out);

@@ -1,20 +1,23 @@
-/* The transport conformance suite: every transport in tt_transports must
- * pass it. Loop index i selects the transport (and, where noted, the stream
+/* The transport conformance suite: every transport in tt_transports (TCP,
+ * shared memory, and the hybrid of both in two host layouts) must pass it.
+ * Loop index i selects the transport (and, where noted, the stream
  * count). */
 #include <check.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "hybrid.h"
 #include "testutil.h"
+#include "transport_tcp.h"
 #include "tt_util.h"
 
 #define BIG (64u << 20)
 
 /* Loop index -> transport and stream count (1 or 4). */
-static const struct kolo_transport_ops *ops_of(int i)
+static const struct tt_transport *tr_of(int i)
 {
-	return tt_transports[i / 2].ops;
+	return &tt_transports[i / 2];
 }
 
 static int streams_of(int i)
@@ -72,7 +75,7 @@ START_TEST(connect_accept_both_directions)
 {
 	const struct kolo_transport_ops *ops = tt_transports[_i].ops;
 	struct tt_pair p;
-	tt_pair_open(&p, ops, 2, 10000);
+	tt_pair_open(&p, &tt_transports[_i], 2, 10000);
 	struct kolo_transport *ts[] = {p.a, p.b};
 	/* b also connects to a, with another tag. */
 	struct kolo_conn *b2a = NULL;
@@ -94,7 +97,7 @@ END_TEST
 START_TEST(ordered_sizes)
 {
 	struct tt_pair p;
-	tt_pair_open(&p, ops_of(_i), streams_of(_i), 20000);
+	tt_pair_open(&p, tr_of(_i), streams_of(_i), 20000);
 	struct kolo_transport *ts[] = {p.a, p.b};
 	static const size_t sizes[] = {0, 1, 3, 4097, 65537, 1u << 20, (1u << 20) + 13, BIG};
 	for (size_t k = 0; k < KOLO_ARRAY_SIZE(sizes); k++)
@@ -108,7 +111,7 @@ END_TEST
 START_TEST(many_outstanding)
 {
 	struct tt_pair p;
-	tt_pair_open(&p, ops_of(_i), streams_of(_i), 20000);
+	tt_pair_open(&p, tr_of(_i), streams_of(_i), 20000);
 	const struct kolo_transport_ops *ops = p.ops;
 	struct kolo_transport *ts[] = {p.a, p.b};
 	enum { N = 300 };
@@ -141,7 +144,7 @@ END_TEST
 START_TEST(irecv_after_arrival)
 {
 	struct tt_pair p;
-	tt_pair_open(&p, ops_of(_i), streams_of(_i), 20000);
+	tt_pair_open(&p, tr_of(_i), streams_of(_i), 20000);
 	const struct kolo_transport_ops *ops = p.ops;
 	struct kolo_transport *ts[] = {p.a, p.b};
 	static const size_t lens[] = {1000, 0, 200000, 3u << 20, 17};
@@ -182,7 +185,7 @@ END_TEST
 START_TEST(zero_length_synchronises)
 {
 	struct tt_pair p;
-	tt_pair_open(&p, ops_of(_i), streams_of(_i), 20000);
+	tt_pair_open(&p, tr_of(_i), streams_of(_i), 20000);
 	const struct kolo_transport_ops *ops = p.ops;
 	struct kolo_transport *ts[] = {p.a, p.b};
 	for (int round = 0; round < 3; round++) {
@@ -208,7 +211,7 @@ END_TEST
 START_TEST(length_mismatch)
 {
 	struct tt_pair p;
-	tt_pair_open(&p, ops_of(_i), streams_of(_i), 20000);
+	tt_pair_open(&p, tr_of(_i), streams_of(_i), 20000);
 	const struct kolo_transport_ops *ops = p.ops;
 	struct kolo_transport *ts[] = {p.a, p.b};
 	uint8_t sb[100] = {0}, rb[50];
@@ -240,7 +243,7 @@ static void *abort_later(void *arg)
 START_TEST(abort_wakes_wait)
 {
 	struct tt_pair p;
-	tt_pair_open(&p, tt_transports[_i].ops, 2, 20000);
+	tt_pair_open(&p, &tt_transports[_i], 2, 20000);
 	const struct kolo_transport_ops *ops = p.ops;
 	uint8_t rb[64];
 	struct kolo_req *r = NULL;
@@ -277,7 +280,7 @@ END_TEST
 START_TEST(close_fails_peer)
 {
 	struct tt_pair p;
-	tt_pair_open(&p, ops_of(_i), streams_of(_i), 20000);
+	tt_pair_open(&p, tr_of(_i), streams_of(_i), 20000);
 	const struct kolo_transport_ops *ops = p.ops;
 	size_t len = 32u << 20;
 	uint8_t *rb = tt_alloc(len), *sb = tt_alloc(len);
@@ -310,7 +313,7 @@ END_TEST
 START_TEST(close_releases_pending)
 {
 	struct tt_pair p;
-	tt_pair_open(&p, tt_transports[_i].ops, 2, 20000);
+	tt_pair_open(&p, &tt_transports[_i], 2, 20000);
 	const struct kolo_transport_ops *ops = p.ops;
 	uint8_t rb[16];
 	struct kolo_req *r = NULL;
@@ -393,14 +396,14 @@ static void *ring_rank_main(void *arg)
 
 START_TEST(ring_of_three_threads)
 {
-	const struct kolo_transport_ops *ops = ops_of(_i);
+	const struct kolo_transport_ops *ops = tr_of(_i)->ops;
 	struct ring_rank rr[RING_N];
 	pthread_barrier_t bar;
 	pthread_barrier_init(&bar, NULL, RING_N);
 	struct kolo_transport *t[RING_N];
 	struct kolo_transport_handle h[RING_N];
 	for (int r = 0; r < RING_N; r++) {
-		struct kolo_transport_config cfg = tt_config(r, RING_N, streams_of(_i), 20000);
+		struct kolo_transport_config cfg = tt_config(tr_of(_i), r, RING_N, streams_of(_i), 20000);
 		t[r] = tt_open(ops, &cfg, &h[r]);
 	}
 	pthread_t th[RING_N];
@@ -425,9 +428,9 @@ END_TEST
  * went on to compute): the acceptor must still get the whole conn. */
 START_TEST(accept_after_sender_stops)
 {
-	const struct kolo_transport_ops *ops = ops_of(_i);
-	struct kolo_transport_config ca = tt_config(0, 2, streams_of(_i), 10000);
-	struct kolo_transport_config cb = tt_config(1, 2, streams_of(_i), 10000);
+	const struct kolo_transport_ops *ops = tr_of(_i)->ops;
+	struct kolo_transport_config ca = tt_config(tr_of(_i), 0, 2, streams_of(_i), 10000);
+	struct kolo_transport_config cb = tt_config(tr_of(_i), 1, 2, streams_of(_i), 10000);
 	struct kolo_transport_handle ha, hb;
 	struct kolo_transport *a = tt_open(ops, &ca, &ha);
 	struct kolo_transport *b = tt_open(ops, &cb, &hb);
@@ -455,9 +458,9 @@ END_TEST
 /* Fixed socket buffers (cfg.socket_buffer > 0) change nothing visible. */
 START_TEST(fixed_socket_buffers)
 {
-	const struct kolo_transport_ops *ops = ops_of(_i);
-	struct kolo_transport_config ca = tt_config(0, 2, streams_of(_i), 20000);
-	struct kolo_transport_config cb = tt_config(1, 2, streams_of(_i), 20000);
+	const struct kolo_transport_ops *ops = tr_of(_i)->ops;
+	struct kolo_transport_config ca = tt_config(tr_of(_i), 0, 2, streams_of(_i), 20000);
+	struct kolo_transport_config cb = tt_config(tr_of(_i), 1, 2, streams_of(_i), 20000);
 	ca.socket_buffer = cb.socket_buffer = 256 << 10;
 	struct kolo_transport_handle ha, hb;
 	struct kolo_transport *a = tt_open(ops, &ca, &ha);
@@ -473,6 +476,31 @@ START_TEST(fixed_socket_buffers)
 	ops->close(ba);
 	ops->destroy(a);
 	ops->destroy(b);
+}
+END_TEST
+
+/* The hybrid only: a pair on one host sets shared memory up beside TCP (so
+ * its poll_fd() is -1, hybrid.h), a pair on two does not; either way the
+ * handle carries the TCP handle that re-forming reads back. */
+START_TEST(hybrid_routes_by_host)
+{
+	const struct tt_transport *tr = &tt_transports[_i];
+	if (tr->ops != &kolo_transport_hybrid_ops)
+		return;
+	struct tt_pair p;
+	tt_pair_open(&p, tr, 1, 10000);
+	bool shared = tr->same_host[0][1];
+	ck_assert_int_eq(p.ops->poll_fd(p.a) < 0, shared);
+	ck_assert_int_eq(p.ops->poll_fd(p.b) < 0, shared);
+	struct kolo_transport_handle net;
+	struct sockaddr_storage ss;
+	socklen_t len;
+	ck_assert_int_eq(kolo_hybrid_net_handle(&p.ha, &net), KOLO_OK);
+	ck_assert_int_eq(kolo_tcp_handle_decode(&net, &ss, &len), KOLO_OK);
+	ck_assert_int_eq(kolo_hybrid_net_handle(&net, &net), KOLO_EINVAL);
+	struct kolo_transport *ts[] = {p.a, p.b};
+	exchange(ts, p.ab, p.ba, 100000, 9);
+	tt_pair_close(&p);
 }
 END_TEST
 
@@ -494,6 +522,7 @@ static Suite *conformance_suite(void)
 	tcase_add_loop_test(tc, ring_of_three_threads, 0, 2 * n);
 	tcase_add_loop_test(tc, accept_after_sender_stops, 0, 2 * n);
 	tcase_add_loop_test(tc, fixed_socket_buffers, 0, 2 * n);
+	tcase_add_loop_test(tc, hybrid_routes_by_host, 0, n);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -133,10 +133,11 @@ static int raw_handshake(int fd, const struct hello *h, struct kolo_transport *t
 /* Connects from an endpoint with cfg `bad` to a normal rank-0 endpoint and
  * returns the status the connector's first send fails with. The acceptor
  * must never hand out a conn. */
-static kolo_status_t refused_status(const struct kolo_transport_ops *ops,
+static kolo_status_t refused_status(const struct tt_transport *tr,
                                     struct kolo_transport_config bad, int dst_rank)
 {
-	struct kolo_transport_config good = tt_config(0, 3, 2, 10000);
+	const struct kolo_transport_ops *ops = tr->ops;
+	struct kolo_transport_config good = tt_config(tr, 0, 3, 2, 10000);
 	struct kolo_transport_handle ha, hb;
 	struct kolo_transport *a = tt_open(ops, &good, &ha);
 	struct kolo_transport *b = tt_open(ops, &bad, &hb);
@@ -175,43 +176,43 @@ static void assert_refused(int i, kolo_status_t got, kolo_status_t tcp_want)
 
 START_TEST(stale_round_refused)
 {
-	struct kolo_transport_config bad = tt_config(1, 3, 2, 10000);
+	struct kolo_transport_config bad = tt_config(&tt_transports[_i], 1, 3, 2, 10000);
 	bad.round = TT_ROUND - 1;
-	assert_refused(_i, refused_status(tt_transports[_i].ops, bad, 0), KOLO_EPROTO);
+	assert_refused(_i, refused_status(&tt_transports[_i], bad, 0), KOLO_EPROTO);
 }
 END_TEST
 
 START_TEST(future_round_refused)
 {
-	struct kolo_transport_config bad = tt_config(1, 3, 1, 10000);
+	struct kolo_transport_config bad = tt_config(&tt_transports[_i], 1, 3, 1, 10000);
 	bad.round = TT_ROUND + 1;
-	assert_refused(_i, refused_status(tt_transports[_i].ops, bad, 0), KOLO_EPROTO);
+	assert_refused(_i, refused_status(&tt_transports[_i], bad, 0), KOLO_EPROTO);
 }
 END_TEST
 
 START_TEST(wrong_token_refused)
 {
-	struct kolo_transport_config bad = tt_config(1, 3, 2, 10000);
+	struct kolo_transport_config bad = tt_config(&tt_transports[_i], 1, 3, 2, 10000);
 	static const char other[] = "not-the-secret";
 	bad.token = (const uint8_t *)other;
 	bad.token_len = sizeof(other) - 1;
-	assert_refused(_i, refused_status(tt_transports[_i].ops, bad, 0), KOLO_EAUTH);
+	assert_refused(_i, refused_status(&tt_transports[_i], bad, 0), KOLO_EAUTH);
 }
 END_TEST
 
 START_TEST(wrong_job_refused)
 {
-	struct kolo_transport_config bad = tt_config(1, 3, 2, 10000);
+	struct kolo_transport_config bad = tt_config(&tt_transports[_i], 1, 3, 2, 10000);
 	bad.job = "another-job";
-	assert_refused(_i, refused_status(tt_transports[_i].ops, bad, 0), KOLO_EPROTO);
+	assert_refused(_i, refused_status(&tt_transports[_i], bad, 0), KOLO_EPROTO);
 }
 END_TEST
 
 START_TEST(wrong_receiver_refused)
 {
 	/* The handle is rank 0's, the connector believes it is rank 2's. */
-	struct kolo_transport_config bad = tt_config(1, 3, 2, 10000);
-	assert_refused(_i, refused_status(tt_transports[_i].ops, bad, 2), KOLO_EPROTO);
+	struct kolo_transport_config bad = tt_config(&tt_transports[_i], 1, 3, 2, 10000);
+	assert_refused(_i, refused_status(&tt_transports[_i], bad, 2), KOLO_EPROTO);
 }
 END_TEST
 
@@ -221,8 +222,8 @@ START_TEST(garbage_refused_real_conn_works)
 {
 	const struct kolo_transport_ops *ops = &kolo_transport_tcp_ops;
 	struct tt_pair p;
-	struct kolo_transport_config ca = tt_config(0, 2, 2, 10000);
-	struct kolo_transport_config cb = tt_config(1, 2, 2, 10000);
+	struct kolo_transport_config ca = tt_config(NULL, 0, 2, 2, 10000);
+	struct kolo_transport_config cb = tt_config(NULL, 1, 2, 2, 10000);
 	memset(&p, 0, sizeof(p));
 	p.ops = ops;
 	p.a = tt_open(ops, &ca, &p.ha);
@@ -268,7 +269,7 @@ END_TEST
 START_TEST(silent_connector_dropped)
 {
 	const struct kolo_transport_ops *ops = &kolo_transport_tcp_ops;
-	struct kolo_transport_config ca = tt_config(0, 2, 1, 500);
+	struct kolo_transport_config ca = tt_config(NULL, 0, 2, 1, 500);
 	struct kolo_transport_handle ha;
 	struct kolo_transport *a = tt_open(ops, &ca, &ha);
 	int fd = raw_connect(&ha);
@@ -287,7 +288,7 @@ END_TEST
 START_TEST(duplicate_stream_refused)
 {
 	const struct kolo_transport_ops *ops = &kolo_transport_tcp_ops;
-	struct kolo_transport_config ca = tt_config(0, 2, 1, 5000);
+	struct kolo_transport_config ca = tt_config(NULL, 0, 2, 1, 5000);
 	struct kolo_transport_handle ha;
 	struct kolo_transport *a = tt_open(ops, &ca, &ha);
 	struct hello h = {TT_JOB, TT_ROUND, 1, 0, 9, 0, 2, TT_TOKEN};
@@ -327,7 +328,7 @@ END_TEST
 START_TEST(silent_peer_times_out)
 {
 	struct tt_pair p;
-	tt_pair_open(&p, tt_transports[_i].ops, 2, 500);
+	tt_pair_open(&p, &tt_transports[_i], 2, 500);
 	const struct kolo_transport_ops *ops = p.ops;
 	uint8_t rb[100];
 	struct kolo_req *r = NULL;
@@ -349,7 +350,7 @@ END_TEST
 START_TEST(killed_peer_fails_fast)
 {
 	const struct kolo_transport_ops *ops = tt_transports[_i].ops;
-	struct kolo_transport_config ca = tt_config(0, 2, 2, 30000);
+	struct kolo_transport_config ca = tt_config(&tt_transports[_i], 0, 2, 2, 30000);
 	struct kolo_transport_handle ha;
 	struct kolo_transport *a = tt_open(ops, &ca, &ha);
 	size_t len = 128u << 20;
@@ -362,7 +363,7 @@ START_TEST(killed_peer_fails_fast)
 		 * one, reports, and stops driving (the rest of the large
 		 * message never leaves) until it is killed. */
 		close(pfd[0]);
-		struct kolo_transport_config cb = tt_config(1, 2, 2, 30000);
+		struct kolo_transport_config cb = tt_config(&tt_transports[_i], 1, 2, 2, 30000);
 		struct kolo_transport *b = NULL;
 		struct kolo_conn *c = NULL;
 		struct kolo_req *r = NULL, *r0 = NULL;

@@ -5,18 +5,45 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hybrid.h"
 #include "transport_shm.h"
 #include "transport_tcp.h"
 
+/* Hybrid layouts, every rank on 127.0.0.1 all the same. Hosts {0, 0, 1, 1}:
+ * a pair (ranks 0 and 1) talks through shared memory; a ring of three
+ * mixes both. */
+static const bool pairs_share[TT_MAX_RANKS][TT_MAX_RANKS] = {
+        {1, 1, 0, 0},
+        {1, 1, 0, 0},
+        {0, 0, 1, 1},
+        {0, 0, 1, 1},
+};
+/* Hosts {0, 1, 1, 2}: a pair talks through TCP, while rank 1 has shared
+ * memory set up too (for rank 2); a ring of three mixes both. */
+static const bool rank0_alone[TT_MAX_RANKS][TT_MAX_RANKS] = {
+        {1, 0, 0, 0},
+        {0, 1, 1, 0},
+        {0, 1, 1, 0},
+        {0, 0, 0, 1},
+};
+
 const struct tt_transport tt_transports[] = {
-        {"tcp", &kolo_transport_tcp_ops, true},
-        {"shm", &kolo_transport_shm_ops, true},
+        {"tcp", &kolo_transport_tcp_ops, true, NULL},
+        {"shm", &kolo_transport_shm_ops, true, NULL},
+        {"hybrid, pairs on one host", &kolo_transport_hybrid_ops, true, pairs_share},
+        {"hybrid, rank 0 alone", &kolo_transport_hybrid_ops, true, rank0_alone},
 };
 const int tt_ntransports = (int)KOLO_ARRAY_SIZE(tt_transports);
 
-struct kolo_transport_config tt_config(int rank, int size, int streams, int timeout_ms)
+struct kolo_transport_config tt_config(const struct tt_transport *tr, int rank, int size,
+                                       int streams, int timeout_ms)
 {
 	static const char token[] = TT_TOKEN;
+	const bool *same_host = NULL;
+	if (tr && tr->same_host) {
+		ck_assert_int_le(size, TT_MAX_RANKS);
+		same_host = tr->same_host[rank];
+	}
 	return (struct kolo_transport_config){
 	        .job = TT_JOB,
 	        .round = TT_ROUND,
@@ -30,6 +57,7 @@ struct kolo_transport_config tt_config(int rank, int size, int streams, int time
 	        .route_to = NULL,
 	        .socket_buffer = 0,
 	        .spin_us = 0,
+	        .same_host = same_host,
 	};
 }
 
@@ -60,13 +88,13 @@ struct kolo_conn *tt_accept(struct kolo_transport *t, int peer, int tag, struct 
 	}
 }
 
-void tt_pair_open(struct tt_pair *p, const struct kolo_transport_ops *ops, int streams,
-                  int timeout_ms)
+void tt_pair_open(struct tt_pair *p, const struct tt_transport *tr, int streams, int timeout_ms)
 {
+	const struct kolo_transport_ops *ops = tr->ops;
 	memset(p, 0, sizeof(*p));
 	p->ops = ops;
-	struct kolo_transport_config ca = tt_config(0, 2, streams, timeout_ms);
-	struct kolo_transport_config cb = tt_config(1, 2, streams, timeout_ms);
+	struct kolo_transport_config ca = tt_config(tr, 0, 2, streams, timeout_ms);
+	struct kolo_transport_config cb = tt_config(tr, 1, 2, streams, timeout_ms);
 	p->a = tt_open(ops, &ca, &p->ha);
 	p->b = tt_open(ops, &cb, &p->hb);
 	ck_assert_int_eq(ops->connect(p->a, &p->hb, 1, 7, &p->ab), KOLO_OK);

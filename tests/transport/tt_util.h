@@ -9,12 +9,18 @@
 
 #include "transport.h"
 
+/* Most ranks a test may use with a transport that has a host layout. */
+#define TT_MAX_RANKS 4
+
 struct tt_transport {
 	const char *name;
 	const struct kolo_transport_ops *ops;
 	/* false: a post after abort() or on a failed conn is not yet refused
 	 * (a known gap of that transport; the check is skipped for it). */
 	bool posts_fail_after_error;
+	/* The hybrid's host layout: same_host[r][q], whether ranks r and q
+	 * pretend to share a host (cfg.same_host of rank r); NULL: none. */
+	const bool (*same_host)[TT_MAX_RANKS];
 };
 
 /* Every transport the suites run against. */
@@ -26,8 +32,9 @@ extern const int tt_ntransports;
 #define TT_ROUND 3
 
 /* A config on 127.0.0.1 for `rank` of `size`, job TT_JOB, round TT_ROUND,
- * token TT_TOKEN. */
-struct kolo_transport_config tt_config(int rank, int size, int streams, int timeout_ms);
+ * token TT_TOKEN, with tr's host layout (tr may be NULL: none). */
+struct kolo_transport_config tt_config(const struct tt_transport *tr, int rank, int size,
+                                       int streams, int timeout_ms);
 /* create + listen; aborts the test on failure. */
 struct kolo_transport *tt_open(const struct kolo_transport_ops *ops,
                                const struct kolo_transport_config *cfg,
@@ -41,8 +48,7 @@ struct tt_pair {
 	struct kolo_transport_handle ha, hb;
 	struct kolo_conn *ab, *ba;
 };
-void tt_pair_open(struct tt_pair *p, const struct kolo_transport_ops *ops, int streams,
-                  int timeout_ms);
+void tt_pair_open(struct tt_pair *p, const struct tt_transport *tr, int streams, int timeout_ms);
 void tt_pair_close(struct tt_pair *p);
 
 /* Accepts (peer, tag) on t, driving every transport in ts meanwhile. NULL
