@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ring.h"
+#include "ring_internal.h"
 
 #define SUBSYS            "ring"
 #define PROBE_SMALL_ITERS 20
@@ -135,7 +135,7 @@ static size_t small_crossover(int local, int cross, bool hier_cross,
 	return best;
 }
 
-enum kolo_ring_algo kolo_ring_hier_choose(const struct kolo_ring_hier *h, size_t bytes)
+enum kolo_ring_algo ring_hier_choose(const struct kolo_ring_hier *h, size_t bytes)
 {
 	if (h->cfg.mode == KOLO_RING_HIER_ON)
 		return KOLO_RING_ALGO_HIER;
@@ -168,13 +168,13 @@ static kolo_status_t sub_fail(struct kolo_ring_hier *h, struct kolo_ring_comm *s
 	atomic_compare_exchange_strong(&h->failed_peer, &none, kolo_ring_failed_peer(sub));
 	snprintf(h->err.msg, sizeof(h->err.msg), "hierarchical: %s", kolo_ring_last_error(sub));
 	/* The other sub-comm's peers may wait on us: reset its conns too. */
-	kolo_ring_hier_fail(h, st);
+	ring_hier_fail(h, st);
 	return st;
 }
 
-kolo_status_t kolo_ring_hier_allreduce(struct kolo_ring_hier *h, const void *sendbuf, void *recvbuf,
-                                       size_t count, kolo_dtype_t dtype, kolo_op_t op,
-                                       double prescale, double postscale)
+kolo_status_t ring_hier_allreduce(struct kolo_ring_hier *h, const void *sendbuf, void *recvbuf,
+                                  size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                  double postscale)
 {
 	const int L = h->L, l = kolo_ring_comm_rank(h->local);
 	const size_t es = kolo_dtype_size(dtype);
@@ -198,17 +198,17 @@ kolo_status_t kolo_ring_hier_allreduce(struct kolo_ring_hier *h, const void *sen
 	return KOLO_OK;
 }
 
-const char *kolo_ring_hier_last_error(const struct kolo_ring_hier *h)
+const char *ring_hier_last_error(const struct kolo_ring_hier *h)
 {
 	return h ? h->err.msg : "";
 }
 
-int kolo_ring_hier_failed_peer(const struct kolo_ring_hier *h)
+int ring_hier_failed_peer(const struct kolo_ring_hier *h)
 {
 	return h ? atomic_load(&h->failed_peer) : -1;
 }
 
-void kolo_ring_hier_fail(struct kolo_ring_hier *h, kolo_status_t st)
+void ring_hier_fail(struct kolo_ring_hier *h, kolo_status_t st)
 {
 	if (!h)
 		return;
@@ -219,7 +219,7 @@ void kolo_ring_hier_fail(struct kolo_ring_hier *h, kolo_status_t st)
 		kolo_ring_comm_fail(h->cross, st, -1, why);
 }
 
-void kolo_ring_hier_abort(struct kolo_ring_hier *h, kolo_status_t st)
+void ring_hier_abort(struct kolo_ring_hier *h, kolo_status_t st)
 {
 	if (!h)
 		return;
@@ -227,7 +227,7 @@ void kolo_ring_hier_abort(struct kolo_ring_hier *h, kolo_status_t st)
 	kolo_ring_abort(h->cross, st);
 }
 
-void kolo_ring_hier_destroy(struct kolo_ring_hier *h)
+void ring_hier_destroy(struct kolo_ring_hier *h)
 {
 	if (!h)
 		return;
@@ -362,16 +362,16 @@ kolo_status_t kolo_ring_hier_enable(struct kolo_ring_comm *rc,
 	           "net %.1f us %.3f GB/s",
 	           H, L, (int)hc->mode, h->cfg.shm.alpha_us, h->cfg.shm.gbytes_per_s,
 	           h->cfg.net.alpha_us, h->cfg.net.gbytes_per_s);
-	kolo_ring_comm_set_hier(rc, h);
+	ring_set_hier(rc, h);
 	return KOLO_OK;
 fail:
 	free(ranks);
-	kolo_ring_hier_destroy(h);
+	ring_hier_destroy(h);
 	return st;
 }
 
-bool kolo_ring_hier_costs_of(const struct kolo_ring_hier *h, struct kolo_ring_link_cost *shm,
-                             struct kolo_ring_link_cost *net)
+bool ring_hier_costs_of(const struct kolo_ring_hier *h, struct kolo_ring_link_cost *shm,
+                        struct kolo_ring_link_cost *net)
 {
 	if (!h)
 		return false;

@@ -163,18 +163,4 @@ double kolo_ring_cost_model(enum kolo_ring_algo algo, size_t bytes, int local, i
                             const struct kolo_ring_link_cost *shm,
                             const struct kolo_ring_link_cost *net);
 
-/* Used by ring.c only. */
-void kolo_ring_comm_set_hier(struct kolo_ring_comm *rc, struct kolo_ring_hier *h);
-enum kolo_ring_algo kolo_ring_hier_choose(const struct kolo_ring_hier *h, size_t bytes);
-kolo_status_t kolo_ring_hier_allreduce(struct kolo_ring_hier *h, const void *sendbuf, void *recvbuf,
-                                       size_t count, kolo_dtype_t dtype, kolo_op_t op,
-                                       double prescale, double postscale);
-const char *kolo_ring_hier_last_error(const struct kolo_ring_hier *h);
-int kolo_ring_hier_failed_peer(const struct kolo_ring_hier *h);
-void kolo_ring_hier_fail(struct kolo_ring_hier *h, kolo_status_t st);
-void kolo_ring_hier_abort(struct kolo_ring_hier *h, kolo_status_t st);
-void kolo_ring_hier_destroy(struct kolo_ring_hier *h);
-bool kolo_ring_hier_costs_of(const struct kolo_ring_hier *h, struct kolo_ring_link_cost *shm,
-                             struct kolo_ring_link_cost *net);
-
 #endif /* KOLO_RING_H */

@@ -1,0 +1,183 @@
+/* ring_internal: what the files of ring/ share, and only they (fusion/ and
+ * runtime/ see ring.h). Names here take the ring_ prefix, as nng's nni_ and
+ * libuv's uv__, so a kolo_ring_* name is always one another module may call;
+ * file-static helpers carry no prefix. The files, one job each:
+ *   ring.c               the comm: lifecycle, getters, failure, entry checks
+ *   ring_wait.c          waiting on requests: spin, block, time out
+ *   ring_conn.c          connecting peers on first use, and the greeting
+ *   ring_stream.c        the pipelined ring (reduce-scatter then allgather)
+ *   ring_allreduce.c     allreduce: recursive doubling, the ring, the hierarchy
+ *   ring_gather_scatter.c allgatherv and reducescatter (halves of the stream)
+ *   ring_broadcast.c     broadcast: binomial tree and pipelined chain
+ *   ring_pairwise.c      alltoallv and barrier: direct peer exchanges
+ *   hier.c               the hierarchical allreduce and its cost model
+ *   reduce.c             the reduction kernels
+ * Algorithms, costs, waiting and failure: docs/collectives.md.
+ *
+ * Threading: a comm runs one collective at a time, on one thread; of the
+ * functions here only the atomics of struct kolo_ring_comm are read from
+ * another (kolo_ring_abort and kolo_ring_failed_peer are thread-safe). */
+#ifndef KOLO_RING_INTERNAL_H
+#define KOLO_RING_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ring.h"
+
+#define RING_RECV_WINDOW 4 /* receives in flight, and scratch segments of a reduction */
+#define RING_SEND_WINDOW 4 /* sends in flight in a pipelined pass */
+
+struct kolo_ring_comm {
+	struct kolo_ring_config cfg;
+	struct kolo_transport *t;
+	int rank, size;
+	struct kolo_conn **conns; /* by peer rank; NULL until connected */
+	atomic_int status;        /* KOLO_OK, or what every later call returns */
+	atomic_int aborted;       /* the status given to kolo_ring_abort */
+	atomic_int failed_peer;   /* the peer of the first conn failure, or -1 */
+	const char *coll;         /* the collective running, for messages */
+	struct kolo_errbuf err;
+	char *scratch; /* receive segments; the buffer of recursive doubling */
+	size_t scratch_size;
+	char *work; /* reducescatter's working copy, kept for the next call */
+	size_t work_size;
+	int *gmap;                   /* sub-comm: global rank of each member; NULL: identity */
+	int tag;                     /* transport tag of every conn of this comm */
+	struct kolo_ring_hier *hier; /* hierarchical allreduce; NULL when not enabled */
+};
+
+/* The transport's (global) rank of member i. */
+static inline int ring_global_rank(const struct kolo_ring_comm *rc, int i)
+{
+	return rc->gmap ? rc->gmap[i] : i;
+}
+
+/* a mod n in [0, n): the position a steps round a ring of n (a may be < 0). */
+static inline int ring_wrap(long a, int n)
+{
+	long r = a % n;
+	return (int)(r < 0 ? r + n : r);
+}
+
+/* ---- failure and entry (ring.c) ------------------------------------------ */
+
+/* Marks the comm failed with st (the first failure wins), records the
+ * message and closes every conn. Returns the comm's status. */
+__attribute__((format(printf, 3, 4))) kolo_status_t
+ring_fail(struct kolo_ring_comm *rc, kolo_status_t st, const char *fmt, ...);
+/* A conn to peer (a member index) failed with st while `what` ("sending
+ * to"): records peer as failed_peer unless aborted or already failed, and
+ * fails the comm with the transport's detail. Returns the comm's status. */
+kolo_status_t ring_peer_fail(struct kolo_ring_comm *rc, kolo_status_t st, int peer,
+                             const char *what);
+/* After a timeout (st), names peer as the one that went silent, unless the
+ * comm was aborted or another peer was named first. Returns st. */
+kolo_status_t ring_blame(struct kolo_ring_comm *rc, kolo_status_t st, int peer);
+/* Common entry checks of a collective (the comm, its status, abort, the
+ * dtype); names the collective for messages. KOLO_EINVAL for a bad dtype
+ * leaves the comm usable. */
+kolo_status_t ring_enter(struct kolo_ring_comm *rc, const char *coll, kolo_dtype_t dtype);
+/* An argument error: the message goes to last_error, the comm stays usable.
+ * Returns KOLO_EINVAL. */
+__attribute__((format(printf, 2, 3))) kolo_status_t ring_bad_arg(struct kolo_ring_comm *rc,
+                                                                 const char *fmt, ...);
+/* Grows rc->scratch to at least bytes (fails the comm when out of memory). */
+kolo_status_t ring_scratch_reserve(struct kolo_ring_comm *rc, size_t bytes);
+
+/* ---- waiting (ring_wait.c) ----------------------------------------------- */
+
+/* The clock of one waiting loop: when it last progressed, and since when it
+ * has spun without progress. */
+struct ring_waiter {
+	uint64_t idle_since_ns;
+	uint64_t progress_ns;
+};
+
+void ring_waiter_init(struct ring_waiter *w);
+/* Called once per polling pass: spins while the pass made progress or the
+ * spin time has not run out, else blocks in the transport for a slice.
+ * Fails the comm on abort, on cfg.timeout_ms without progress, or when the
+ * transport's wait fails; `what` goes into the message. */
+kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool progressed,
+                        const char *what);
+/* Tests *req (NULL means complete; set to NULL when it completes or fails).
+ * Sets *progressed when it completes; a failure fails the comm, naming peer. */
+kolo_status_t ring_poll_req(struct kolo_ring_comm *rc, struct kolo_req **req, int peer,
+                            const char *what, bool *progressed);
+/* Tests the sends of a pipelined pass in order, oldest first (sreq is a
+ * window of RING_SEND_WINDOW, indexed by send number mod the window): only
+ * the oldest is tested, since a test progresses the whole conn and later
+ * sends are seen as they become the oldest. Advances *sdone up to sposted. */
+kolo_status_t ring_test_sends(struct kolo_ring_comm *rc, struct kolo_req **sreq, size_t *sdone,
+                              size_t sposted, int peer, bool *progressed);
+/* Waits for every request in reqs (peers[i] names the peer of reqs[i]); a
+ * timeout names the first peer still waited for. */
+kolo_status_t ring_wait_all(struct kolo_ring_comm *rc, struct kolo_req **reqs, const int *peers,
+                            int n);
+/* Sends sbuf (when not NULL) to and receives into rbuf (when not NULL) from
+ * peer, and waits for both. */
+kolo_status_t ring_exchange(struct kolo_ring_comm *rc, int peer, const void *sbuf, size_t slen,
+                            void *rbuf, size_t rlen);
+
+/* ---- conns (ring_conn.c) ------------------------------------------------- */
+
+/* Makes sure conns[peers[i]] exist (peers are member indices, may repeat
+ * and name self): connects to every higher peer first, then accepts from
+ * every lower one, then greets every new conn with a zero-byte exchange. */
+kolo_status_t ring_ensure_conns(struct kolo_ring_comm *rc, const int *peers, int n);
+
+/* ---- the pipelined ring (ring_stream.c) ---------------------------------- */
+
+/* A stream of steps around the ring over n blocks of `work`. At step s a rank
+ * sends block (rank + shift - s) to its right and receives block
+ * (rank + shift - s - 1) from its left, one segment at a time; the first nrs
+ * steps reduce what arrives into the block (reduce-scatter), the rest store
+ * it (allgather). A segment is forwarded as soon as it is final, so the
+ * pipeline spans all steps. */
+struct ring_stream {
+	char *work;
+	/* Reduce-scatter only (nag == 0), instead of a full-size work: the block
+	 * a rank produces at RS step t (t = -1: its prescaled step-0 block) lives
+	 * in rot[(t + 2) % 2] until step t + 1 has sent it, so two block-sized
+	 * buffers replace a copy of the whole input. */
+	char *rot[2];
+	const char *src;  /* reduce-scatter: where each block's own data comes from */
+	double prescale;  /* applied when src is copied in */
+	double postscale; /* applied to each segment the last RS step finishes */
+	size_t esize;
+	kolo_dtype_t dtype;
+	kolo_op_t op;
+	const size_t *boff, *blen; /* elements; set by ring_stream_run */
+	int nrs, nag, shift;
+	size_t nseg;      /* segments per block */
+	size_t seg_elems; /* most elements in one segment */
+};
+
+/* Lays s out over n blocks of counts[i] elements (counts NULL: the even
+ * split of count elements, kolo_reducescatter_count), picks the segmentation
+ * from cfg.segment_bytes and runs it to the end over the ring neighbours'
+ * conns. Sets s->boff, blen, nseg and seg_elems (boff and blen are NULL
+ * again on return); the caller sets the rest. */
+kolo_status_t ring_stream_run(struct kolo_ring_comm *rc, struct ring_stream *s,
+                              const size_t *counts, size_t count);
+
+/* ---- the hierarchy, between ring.c, ring_allreduce.c and hier.c ---------- */
+
+/* rc owns h from then on (a previous one is destroyed). */
+void ring_set_hier(struct kolo_ring_comm *rc, struct kolo_ring_hier *h);
+enum kolo_ring_algo ring_hier_choose(const struct kolo_ring_hier *h, size_t bytes);
+kolo_status_t ring_hier_allreduce(struct kolo_ring_hier *h, const void *sendbuf, void *recvbuf,
+                                  size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                  double postscale);
+const char *ring_hier_last_error(const struct kolo_ring_hier *h);
+int ring_hier_failed_peer(const struct kolo_ring_hier *h);
+void ring_hier_fail(struct kolo_ring_hier *h, kolo_status_t st);
+void ring_hier_abort(struct kolo_ring_hier *h, kolo_status_t st);
+void ring_hier_destroy(struct kolo_ring_hier *h);
+bool ring_hier_costs_of(const struct kolo_ring_hier *h, struct kolo_ring_link_cost *shm,
+                        struct kolo_ring_link_cost *net);
+
+#endif /* KOLO_RING_INTERNAL_H */

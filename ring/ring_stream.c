@@ -1,0 +1,226 @@
+/* The pipelined ring: a reduce-scatter, an allgather, or one then the other,
+ * as one stream of segments around the ring (struct ring_stream). The
+ * collectives fill in the stream; ring_stream_run moves it. Each pass of the
+ * loop is a list of phases: post receives, post sends, finish the oldest
+ * receive (reducing it when the step reduces), test the oldest sends, idle. */
+#include <stdlib.h>
+
+#include "ring_internal.h"
+
+/* A stream in motion. A unit is one segment of one step: unit u is segment
+ * u % nseg of step u / nseg; there are (nrs + nag) * nseg of them, and each
+ * counter below is a number of units. */
+struct stream_run {
+	struct kolo_ring_comm *rc;
+	const struct ring_stream *s;
+	int left_peer, right_peer;
+	struct kolo_conn *left, *right;
+	size_t units;    /* in the whole stream */
+	size_t segbytes; /* one scratch slot */
+	struct kolo_req *rreq[RING_RECV_WINDOW], *sreq[RING_SEND_WINDOW];
+	size_t done;    /* receives finished (and reduced) */
+	size_t rposted; /* receives posted */
+	size_t sposted; /* sends posted */
+	size_t sdone;   /* sends complete */
+};
+
+static void seg_range(const struct ring_stream *s, int b, size_t k, size_t *off, size_t *len)
+{
+	size_t lo = s->blen[b] * k / s->nseg, hi = s->blen[b] * (k + 1) / s->nseg;
+	*off = s->boff[b] + lo;
+	*len = hi - lo;
+}
+
+/* Where the segment at element offset off of block b lives once RS step t
+ * (-1 ≤ t < nrs) has produced it; in work for every block otherwise. */
+static char *stream_block_at(const struct ring_stream *s, long t, int b, size_t off)
+{
+	if (!s->rot[0])
+		return s->work + off * s->esize;
+	return s->rot[(t + 2) % 2] + (off - s->boff[b]) * s->esize;
+}
+
+/* First touch of a segment in reduce-scatter: bring in this rank's data. */
+static void stream_load_own(const struct ring_stream *s, char *dst, size_t off, size_t len)
+{
+	if (!s->src)
+		return;
+	const char *from = s->src + off * s->esize;
+	if (from != dst || s->prescale != 1.0)
+		kolo_scale(dst, from, len, s->dtype, s->prescale);
+}
+
+/* Out of place without a prescale, this rank's data is read straight from
+ * src: the step-0 block is sent from there (work's copy of that block is
+ * only ever written, by the allgather), and each reduction reads src and the
+ * received segment and writes work, so no byte of src is copied first. */
+static bool reads_src(const struct ring_stream *s)
+{
+	return s->src && (s->rot[0] || s->src != s->work) && s->prescale == 1.0;
+}
+
+/* Receives first, so the next segments arrive while we reduce. */
+static kolo_status_t post_recvs(struct stream_run *run)
+{
+	const struct ring_stream *s = run->s;
+	struct kolo_ring_comm *rc = run->rc;
+	const int n = rc->size;
+	const size_t K = s->nseg;
+	while (run->rposted < run->units && run->rposted < run->done + RING_RECV_WINDOW) {
+		size_t step = run->rposted / K, k = run->rposted % K, off, len;
+		/* An allgather receive overwrites a block sent n steps before:
+		 * that send must be complete. */
+		if (step + 1 >= (size_t)n && (step + 1 - n) * K + k >= run->sdone)
+			break;
+		seg_range(s, ring_wrap(rc->rank + s->shift - (long)step - 1, n), k, &off, &len);
+		char *dst =
+		        step < (size_t)s->nrs
+		                ? rc->scratch + (run->rposted % RING_RECV_WINDOW) * run->segbytes
+		                : s->work + off * s->esize;
+		kolo_status_t st = kolo_irecv(run->left, dst, len * s->esize,
+		                              &run->rreq[run->rposted % RING_RECV_WINDOW]);
+		if (st != KOLO_OK)
+			return ring_peer_fail(rc, st, run->left_peer, "receiving from");
+		run->rposted++;
+	}
+	return KOLO_OK;
+}
+
+/* A send of step > 0 waits for the same segment of the step before. */
+static kolo_status_t post_sends(struct stream_run *run)
+{
+	const struct ring_stream *s = run->s;
+	struct kolo_ring_comm *rc = run->rc;
+	const size_t K = s->nseg;
+	while (run->sposted < run->units && run->sposted < run->done + K &&
+	       !run->sreq[run->sposted % RING_SEND_WINDOW]) {
+		size_t step = run->sposted / K, k = run->sposted % K, off, len;
+		int b = ring_wrap(rc->rank + s->shift - (long)step, rc->size);
+		seg_range(s, b, k, &off, &len);
+		const char *from = stream_block_at(s, (long)step - 1, b, off);
+		if (step == 0 && s->nrs > 0) {
+			if (reads_src(s))
+				from = s->src + off * s->esize;
+			else
+				stream_load_own(s, (char *)from, off, len);
+		}
+		kolo_status_t st = kolo_isend(run->right, from, len * s->esize,
+		                              &run->sreq[run->sposted % RING_SEND_WINDOW]);
+		if (st != KOLO_OK)
+			return ring_peer_fail(rc, st, run->right_peer, "sending to");
+		run->sposted++;
+	}
+	return KOLO_OK;
+}
+
+/* Reduces the received segment of unit `done` (an RS step) into its block. */
+static void reduce_segment(struct stream_run *run)
+{
+	const struct ring_stream *s = run->s;
+	struct kolo_ring_comm *rc = run->rc;
+	const size_t step = run->done / s->nseg, k = run->done % s->nseg, es = s->esize;
+	size_t off, len;
+	int b = ring_wrap(rc->rank + s->shift - (long)step - 1, rc->size);
+	seg_range(s, b, k, &off, &len);
+	char *dst = stream_block_at(s, (long)step, b, off);
+	const char *in = rc->scratch + (run->done % RING_RECV_WINDOW) * run->segbytes;
+	if (reads_src(s)) {
+		kolo_reduce3(dst, s->src + off * es, in, len, s->dtype, s->op);
+	} else {
+		stream_load_own(s, dst, off, len);
+		kolo_reduce(dst, in, len, s->dtype, s->op);
+	}
+	if (step + 1 == (size_t)s->nrs && s->postscale != 1.0)
+		kolo_scale(dst, dst, len, s->dtype, s->postscale);
+}
+
+/* Tests the oldest receive; once it is complete, reduces it (RS steps) and
+ * counts it done. */
+static kolo_status_t finish_recv(struct stream_run *run, bool *progressed)
+{
+	const struct ring_stream *s = run->s;
+	const size_t K = s->nseg;
+	/* With rotating buffers, RS step t overwrites the block of step
+	 * t - 2, which step t - 1 sends: that send must be complete. */
+	bool hold = s->rot[0] && run->done / K >= 1 && run->sdone <= run->done - K;
+	if (run->done >= run->rposted || hold)
+		return KOLO_OK;
+	struct kolo_req **req = &run->rreq[run->done % RING_RECV_WINDOW];
+	KOLO_CHECK(ring_poll_req(run->rc, req, run->left_peer, "receiving from", progressed));
+	if (*req)
+		return KOLO_OK;
+	if (run->done / K < (size_t)s->nrs)
+		reduce_segment(run);
+	run->done++;
+	return KOLO_OK;
+}
+
+/* Fills boff/blen from counts, points s at them and picks the segmentation. */
+static void stream_layout(struct kolo_ring_comm *rc, struct ring_stream *s, const size_t *counts,
+                          size_t *boff, size_t *blen)
+{
+	size_t off = 0, maxlen = 0;
+	for (int i = 0; i < rc->size; i++) {
+		boff[i] = off;
+		blen[i] = counts[i];
+		off += counts[i];
+		maxlen = KOLO_MAX(maxlen, counts[i]);
+	}
+	size_t per = KOLO_MAX(rc->cfg.segment_bytes / s->esize, 1);
+	s->boff = boff;
+	s->blen = blen;
+	s->nseg = KOLO_MAX((maxlen + per - 1) / per, 1);
+	s->seg_elems = (maxlen + s->nseg - 1) / s->nseg;
+}
+
+/* Runs s, whose layout is set, to the end. */
+static kolo_status_t run_laid_out(struct kolo_ring_comm *rc, const struct ring_stream *s)
+{
+	const int n = rc->size, r = rc->rank;
+	struct stream_run run = {
+	        .rc = rc,
+	        .s = s,
+	        .left_peer = ring_wrap(r - 1, n),
+	        .right_peer = ring_wrap(r + 1, n),
+	        .units = (size_t)(s->nrs + s->nag) * s->nseg,
+	        .segbytes = s->seg_elems * s->esize,
+	};
+	if (s->nrs > 0)
+		KOLO_CHECK(ring_scratch_reserve(rc, RING_RECV_WINDOW * KOLO_MAX(run.segbytes, 1)));
+	run.left = rc->conns[run.left_peer];
+	run.right = rc->conns[run.right_peer];
+	struct ring_waiter w;
+	ring_waiter_init(&w);
+	while (run.done < run.units || run.sdone < run.units) {
+		bool progressed = false;
+		KOLO_CHECK(post_recvs(&run));
+		KOLO_CHECK(post_sends(&run));
+		KOLO_CHECK(finish_recv(&run, &progressed));
+		KOLO_CHECK(ring_test_sends(rc, run.sreq, &run.sdone, run.sposted, run.right_peer,
+		                           &progressed));
+		kolo_status_t st = ring_idle(rc, &w, progressed, "in the ring");
+		if (st != KOLO_OK)
+			return ring_blame(rc, st,
+			                  run.done < run.units ? run.left_peer : run.right_peer);
+	}
+	return KOLO_OK;
+}
+
+kolo_status_t ring_stream_run(struct kolo_ring_comm *rc, struct ring_stream *s,
+                              const size_t *counts, size_t count)
+{
+	const int n = rc->size;
+	size_t *layout = calloc(3 * (size_t)n, sizeof(size_t)); /* boff, blen, counts */
+	if (!layout)
+		return ring_fail(rc, KOLO_ENOMEM, "out of memory");
+	if (!counts) {
+		for (int i = 0; i < n; i++)
+			layout[2 * n + i] = kolo_reducescatter_count(count, n, i);
+		counts = layout + 2 * n;
+	}
+	stream_layout(rc, s, counts, layout, layout + n);
+	kolo_status_t st = run_laid_out(rc, s);
+	free(layout);
+	s->boff = s->blen = NULL;
+	return st;
+}

@@ -1,0 +1,123 @@
+/* Waiting on requests. Every loop polls its requests with test(), spins for
+ * cfg.spin_us without progress, then blocks in the transport's wait() for at
+ * most WAIT_SLICE_MS and checks for abort; cfg.timeout_ms without any
+ * progress fails the comm. */
+#include <sched.h>
+#include <stdatomic.h>
+
+#include "ring_internal.h"
+
+#define WAIT_SLICE_MS 50
+
+void ring_waiter_init(struct ring_waiter *w)
+{
+	w->idle_since_ns = w->progress_ns = kolo_now_ns();
+}
+
+kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool progressed,
+                        const char *what)
+{
+	int ab = atomic_load(&rc->aborted);
+	if (ab != KOLO_OK)
+		return ring_fail(rc, (kolo_status_t)ab, "aborted while %s", what);
+	uint64_t now = kolo_now_ns();
+	if (progressed) {
+		w->idle_since_ns = w->progress_ns = now;
+		return KOLO_OK;
+	}
+	if (now - w->idle_since_ns < (uint64_t)rc->cfg.spin_us * 1000u) {
+		/* More ranks than CPUs here: the peer we wait for may need this
+		 * CPU to make the progress we wait for. */
+		if (rc->cfg.spin_yield)
+			sched_yield();
+		return KOLO_OK;
+	}
+	uint64_t waited_ms = (now - w->progress_ns) / 1000000u;
+	int slice = WAIT_SLICE_MS;
+	if (rc->cfg.timeout_ms > 0) {
+		if (waited_ms >= (uint64_t)rc->cfg.timeout_ms)
+			return ring_fail(rc, KOLO_ETIMEDOUT, "no progress for %d ms while %s",
+			                 rc->cfg.timeout_ms, what);
+		slice = (int)KOLO_MIN((uint64_t)slice, rc->cfg.timeout_ms - waited_ms);
+	}
+	kolo_status_t st = rc->t->ops->wait(rc->t, KOLO_MAX(slice, 1));
+	if (st != KOLO_OK)
+		return ring_fail(rc, st, "transport wait failed while %s", what);
+	return KOLO_OK;
+}
+
+kolo_status_t ring_poll_req(struct kolo_ring_comm *rc, struct kolo_req **req, int peer,
+                            const char *what, bool *progressed)
+{
+	if (!*req)
+		return KOLO_OK;
+	bool done = false;
+	kolo_status_t st = rc->t->ops->test(*req, &done);
+	if (st != KOLO_OK) {
+		*req = NULL;
+		return ring_peer_fail(rc, st, peer, what);
+	}
+	if (done) {
+		*req = NULL;
+		*progressed = true;
+	}
+	return KOLO_OK;
+}
+
+kolo_status_t ring_wait_all(struct kolo_ring_comm *rc, struct kolo_req **reqs, const int *peers,
+                            int n)
+{
+	struct ring_waiter w;
+	ring_waiter_init(&w);
+	for (;;) {
+		bool progressed = false, pending = false;
+		for (int i = 0; i < n; i++) {
+			KOLO_CHECK(ring_poll_req(rc, &reqs[i], peers[i], "exchanging with",
+			                         &progressed));
+			pending |= reqs[i] != NULL;
+		}
+		if (!pending)
+			return KOLO_OK;
+		kolo_status_t st = ring_idle(rc, &w, progressed, "waiting for peers");
+		if (st == KOLO_ETIMEDOUT && atomic_load(&rc->aborted) == KOLO_OK) {
+			/* A silent peer: name the first one we still wait for. */
+			for (int i = 0; i < n; i++) {
+				int none = -1;
+				if (reqs[i]) {
+					atomic_compare_exchange_strong(
+					        &rc->failed_peer, &none,
+					        ring_global_rank(rc, peers[i]));
+					break;
+				}
+			}
+		}
+		if (st != KOLO_OK)
+			return st;
+	}
+}
+
+kolo_status_t ring_exchange(struct kolo_ring_comm *rc, int peer, const void *sbuf, size_t slen,
+                            void *rbuf, size_t rlen)
+{
+	struct kolo_req *reqs[2];
+	int peers[2] = {peer, peer}, n = 0;
+	kolo_status_t st;
+	if (rbuf && (st = kolo_irecv(rc->conns[peer], rbuf, rlen, &reqs[n++])) != KOLO_OK)
+		return ring_peer_fail(rc, st, peer, "receiving from");
+	if (sbuf && (st = kolo_isend(rc->conns[peer], sbuf, slen, &reqs[n++])) != KOLO_OK)
+		return ring_peer_fail(rc, st, peer, "sending to");
+	return ring_wait_all(rc, reqs, peers, n);
+}
+
+kolo_status_t ring_test_sends(struct kolo_ring_comm *rc, struct kolo_req **sreq, size_t *sdone,
+                              size_t sposted, int peer, bool *progressed)
+{
+	while (*sdone < sposted) {
+		struct kolo_req **req = &sreq[*sdone % RING_SEND_WINDOW];
+		KOLO_CHECK(ring_poll_req(rc, req, peer, "sending to", progressed));
+		if (*req)
+			break;
+		(*sdone)++;
+	}
+	return KOLO_OK;
+}
