@@ -12,33 +12,6 @@
 
 #define SUBSYS "fusion"
 
-/* ---- config ------------------------------------------------------------ */
-
-void kolo_engine_config_from_params(struct kolo_engine_config *cfg)
-{
-	memset(cfg, 0, sizeof(*cfg));
-	int64_t thr = kolo_param_int(KOLO_P_FUSION_THRESHOLD);
-	cfg->fusion_threshold = thr > 0 ? (uint64_t)thr : 0;
-	int64_t direct = kolo_param_int(KOLO_P_FUSION_DIRECT_BYTES);
-	cfg->direct_bytes = direct > 0 ? (uint64_t)direct : 0;
-	cfg->cycle_time_ms = kolo_param_float(KOLO_P_CYCLE_TIME);
-	if (!(cfg->cycle_time_ms >= 0))
-		cfg->cycle_time_ms = 0;
-	int64_t cap = kolo_param_int(KOLO_P_CACHE_CAPACITY);
-	cfg->cache_capacity = cap < 0 ? 0 : (cap > 1 << 20 ? 1 << 20 : (int)cap);
-	snprintf(cfg->timeline, sizeof(cfg->timeline), "%s", kolo_param_str(KOLO_P_TIMELINE));
-	cfg->timeline_mark_cycles = kolo_param_bool(KOLO_P_TIMELINE_MARK_CYCLES);
-	cfg->stall_check = !kolo_param_bool(KOLO_P_STALL_CHECK_DISABLE);
-	cfg->stall_check_s = kolo_param_float(KOLO_P_STALL_CHECK_SECONDS);
-	cfg->stall_shutdown_s = kolo_param_float(KOLO_P_STALL_SHUTDOWN_SECONDS);
-	cfg->autotune = kolo_param_bool(KOLO_P_AUTOTUNE);
-	snprintf(cfg->autotune_log, sizeof(cfg->autotune_log), "%s",
-	         kolo_param_str(KOLO_P_AUTOTUNE_LOG));
-	int64_t to = kolo_param_int(KOLO_P_TIMEOUT_MS);
-	cfg->timeout_ms = to > 0 && to < INT32_MAX ? (int)to : 30000;
-	cfg->idle_heartbeat_ms = 0;
-}
-
 static int heartbeat_ms(const struct kolo_engine_config *cfg)
 {
 	if (cfg->idle_heartbeat_ms > 0)
@@ -426,7 +399,7 @@ kolo_status_t kolo_engine_create(struct kolo_ring_comm *rc, int rank, int size,
                                  struct kolo_errbuf *eb)
 {
 	*out = NULL;
-	if (!rc || size < 1 || rank < 0 || rank >= size)
+	if (!rc || !cfg || size < 1 || rank < 0 || rank >= size || cfg->timeout_ms <= 0)
 		return kolo_fail(eb, KOLO_EINVAL, "engine: invalid arguments");
 	struct kolo_engine *e = calloc(1, sizeof(*e));
 	if (!e)
@@ -434,12 +407,7 @@ kolo_status_t kolo_engine_create(struct kolo_ring_comm *rc, int rank, int size,
 	e->rc = rc;
 	e->rank = rank;
 	e->size = size;
-	if (cfg)
-		e->cfg = *cfg;
-	else
-		kolo_engine_config_from_params(&e->cfg);
-	if (e->cfg.timeout_ms <= 0)
-		e->cfg.timeout_ms = 30000;
+	e->cfg = *cfg;
 	e->threshold = e->cfg.fusion_threshold;
 	e->cycle_ms = e->cfg.cycle_time_ms > 0 ? e->cfg.cycle_time_ms : 0;
 	pthread_mutex_init(&e->lock, NULL);

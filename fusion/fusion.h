@@ -61,13 +61,11 @@ struct kolo_engine_config {
 	void *stall_hook_arg;
 };
 
-/* Defaults from the KOLO_* parameters (reads the environment once). */
-void kolo_engine_config_from_params(struct kolo_engine_config *cfg);
-
 struct kolo_engine;
 
 /* Starts the engine thread, which owns rc from now on (no other thread may
- * use rc until kolo_engine_destroy returns). cfg NULL: from the params. */
+ * use rc until kolo_engine_destroy returns). cfg is copied; runtime fills it
+ * from the KOLO_* parameters (kolo_runtime_engine_config); timeout_ms > 0. */
 kolo_status_t kolo_engine_create(struct kolo_ring_comm *rc, int rank, int size,
                                  const struct kolo_engine_config *cfg, struct kolo_engine **out,
                                  struct kolo_errbuf *eb);

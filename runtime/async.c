@@ -16,7 +16,7 @@ static kolo_status_t engine_of(struct kolo_comm *comm, struct kolo_engine **out)
 	if (!comm->engine) {
 		struct kolo_errbuf eb = {{0}};
 		struct kolo_engine_config cfg;
-		kolo_engine_config_from_params(&cfg);
+		kolo_runtime_engine_config(&cfg);
 		cfg.timeout_ms = comm->timeout_ms;
 		st = kolo_engine_create(comm->ring, comm->assignment.rank, comm->assignment.size,
 		                        &cfg, &comm->engine, &eb);

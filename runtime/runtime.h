@@ -53,6 +53,11 @@ struct kolo_comm {
  * every new assignment. */
 kolo_status_t kolo_runtime_report_rank(const struct kolo_comm *comm);
 
+struct kolo_engine_config; /* fusion/ */
+/* The fusion engine's configuration from the KOLO_* parameters (and
+ * Horovod's names for them). */
+void kolo_runtime_engine_config(struct kolo_engine_config *cfg);
+
 /* Records st and its message as the comm's last error and returns st. */
 kolo_status_t kolo_comm_fail(struct kolo_comm *comm, kolo_status_t st, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));

@@ -1,14 +1,16 @@
-/* The engine reads its KOLO_* parameters, and Horovod's names as aliases. */
+/* The runtime reads the fusion engine's KOLO_* parameters, and Horovod's names
+ * as aliases. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "fusion.h"
+#include "runtime.h"
 #include "testutil.h"
 
 START_TEST(test_defaults)
 {
 	struct kolo_engine_config c;
-	kolo_engine_config_from_params(&c);
+	kolo_runtime_engine_config(&c);
 	ck_assert_uint_eq(c.fusion_threshold, 128u << 20);
 	ck_assert(c.cycle_time_ms == 1.0);
 	ck_assert_int_eq(c.cache_capacity, 1024);
@@ -33,7 +35,7 @@ START_TEST(test_horovod_aliases)
 	setenv("HOROVOD_AUTOTUNE_LOG", "/tmp/at.csv", 1);
 	setenv("KOLO_FUSION_THRESHOLD", "1M", 1); /* kolo's own name wins */
 	struct kolo_engine_config c;
-	kolo_engine_config_from_params(&c);
+	kolo_runtime_engine_config(&c);
 	ck_assert_uint_eq(c.fusion_threshold, 1u << 20);
 	ck_assert(c.cycle_time_ms == 3.5);
 	ck_assert_int_eq(c.cache_capacity, 0);
@@ -43,7 +45,7 @@ START_TEST(test_horovod_aliases)
 	ck_assert(c.autotune);
 	ck_assert_str_eq(c.autotune_log, "/tmp/at.csv");
 	unsetenv("KOLO_FUSION_THRESHOLD");
-	kolo_engine_config_from_params(&c);
+	kolo_runtime_engine_config(&c);
 	ck_assert_uint_eq(c.fusion_threshold, 64u << 20);
 }
 END_TEST
