@@ -90,14 +90,14 @@ def check_docs(root):
         check(rows == want, "docs/horovod-migration.md alias table differs from core/params.def: "
               "missing %s, extra %s" % (sorted(want - rows), sorted(rows - want)))
     doc = os.path.join(root, "docs", "kubernetes.md")
-    srv = os.path.join(root, "rendezvous", "server.c")
+    srv = os.path.join(root, "rendezvous", "server_metrics.c")
     if os.path.exists(doc) and os.path.exists(srv):
         with open(doc, encoding="utf-8") as f:
             documented = set(re.findall(r"`(kolo_rdzv_[a-z_]+)`", f.read()))
         with open(srv, encoding="utf-8") as f:
             exported = set(re.findall(r"# TYPE (kolo_rdzv_[a-z_]+) ", f.read()))
-        check(documented == exported, "docs/kubernetes.md metrics differ from rendezvous/server.c: "
-              "undocumented %s, not exported %s" % (sorted(exported - documented),
+        check(documented == exported, "docs/kubernetes.md metrics differ from "
+              "rendezvous/server_metrics.c: undocumented %s, not exported %s" % (sorted(exported - documented),
                                                     sorted(documented - exported)))
 
 
