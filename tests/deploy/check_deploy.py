@@ -96,9 +96,10 @@ def check_docs(root):
             documented = set(re.findall(r"`(kolo_rdzv_[a-z_]+)`", f.read()))
         with open(srv, encoding="utf-8") as f:
             exported = set(re.findall(r"# TYPE (kolo_rdzv_[a-z_]+) ", f.read()))
-        check(documented == exported, "docs/kubernetes.md metrics differ from "
-              "rendezvous/server_metrics.c: undocumented %s, not exported %s" % (sorted(exported - documented),
-                                                    sorted(documented - exported)))
+        check(documented == exported,
+              "docs/kubernetes.md metrics differ from rendezvous/server_metrics.c: "
+              "undocumented %s, not exported %s"
+              % (sorted(exported - documented), sorted(documented - exported)))
 
 
 def project_version(root):
