@@ -299,6 +299,8 @@ static void *probe_main(void *arg)
 			ssize_t r = read(p->wake_fd, &v, sizeof(v));
 			(void)r;
 		}
+		/* The drains accept_probes() adds have no slot in pfd yet. */
+		int nd_polled = p->n_drain;
 		if (pfd[1].revents & POLLIN)
 			accept_probes(p);
 		int nt = p->n_targets;
@@ -308,7 +310,7 @@ static void *probe_main(void *arg)
 		int kd = 0, nd = p->n_drain;
 		for (int i = 0; i < nd; i++) {
 			int fd = p->drain[i];
-			if (!pfd[2 + nt + i].revents || drain_probe(fd))
+			if (i >= nd_polled || !pfd[2 + nt + i].revents || drain_probe(fd))
 				p->drain[kd++] = fd;
 			else
 				close(fd);
