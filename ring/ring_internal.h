@@ -2,16 +2,16 @@
  * runtime/ see ring.h). Names here take the ring_ prefix, as nng's nni_ and
  * libuv's uv__, so a kolo_ring_* name is always one another module may call;
  * file-static helpers carry no prefix. The files, one job each:
- *   ring.c               the comm: lifecycle, getters, failure, entry checks
- *   ring_wait.c          waiting on requests: spin, block, time out
- *   ring_conn.c          connecting peers on first use, and the greeting
- *   ring_stream.c        the pipelined ring (reduce-scatter then allgather)
- *   ring_allreduce.c     allreduce: recursive doubling, the ring, the hierarchy
+ *   ring.c                the comm: lifecycle, getters, failure, entry checks
+ *   ring_wait.c           waiting on requests: spin, block, time out
+ *   ring_conn.c           connecting peers on first use, and the greeting
+ *   ring_stream.c         the pipelined ring (reduce-scatter then allgather)
+ *   ring_allreduce.c      allreduce: recursive doubling, the ring, the hierarchy
  *   ring_gather_scatter.c allgatherv and reducescatter (halves of the stream)
- *   ring_broadcast.c     broadcast: binomial tree and pipelined chain
- *   ring_pairwise.c      alltoallv and barrier: direct peer exchanges
- *   hier.c               the hierarchical allreduce and its cost model
- *   reduce.c             the reduction kernels
+ *   ring_broadcast.c      broadcast: binomial tree and pipelined chain
+ *   ring_pairwise.c       alltoallv and barrier: direct peer exchanges
+ *   hier.c                the hierarchical allreduce and its cost model
+ *   reduce.c              the reduction kernels
  * Algorithms, costs, waiting and failure: docs/collectives.md.
  *
  * Threading: a comm runs one collective at a time, on one thread; of the
