@@ -15,12 +15,7 @@
 
 void tcp_pending_free(struct tcp_transport *t, struct tcp_pending *p)
 {
-	if (p->prev)
-		p->prev->next = p->next;
-	else
-		t->pendings = p->next;
-	if (p->next)
-		p->next->prev = p->prev;
+	TCP_LIST_UNLINK(t->pendings, p);
 	t->npending--;
 	tcp_fd_reset_close(t, p->fd);
 	free(p);
@@ -217,10 +212,7 @@ static void pending_start(struct tcp_transport *t, int fd, const char *peer)
 	tcp_wire_challenge_encode(p->nonce, p->buf);
 	p->state = TCP_PENDING_WRITE_CHALLENGE;
 	p->len = TCP_CHALLENGE_SIZE;
-	p->next = t->pendings;
-	if (t->pendings)
-		t->pendings->prev = p;
-	t->pendings = p;
+	TCP_LIST_PUSH(t->pendings, p);
 	t->npending++;
 	tcp_acceptor_step(t, p);
 }

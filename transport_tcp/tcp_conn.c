@@ -141,21 +141,13 @@ struct tcp_conn *tcp_conn_new(struct tcp_transport *t, int peer_rank, int tag, i
 		c->streams[i].state = TCP_STREAM_EMPTY;
 	}
 	tcp_conn_touch(c);
-	c->next = t->conns;
-	if (t->conns)
-		t->conns->prev = c;
-	t->conns = c;
+	TCP_LIST_PUSH(t->conns, c);
 	return c;
 }
 
 void tcp_conn_free(struct tcp_transport *t, struct tcp_conn *c)
 {
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		t->conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	TCP_LIST_UNLINK(t->conns, c);
 	for (int i = 0; i < c->nstreams; i++)
 		tcp_fd_reset_close(c->t, c->streams[i].fd);
 	for (struct tcp_pending *p = t->pendings; p; p = p->next)

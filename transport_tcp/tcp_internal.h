@@ -334,6 +334,26 @@ static inline struct tcp_conn *tcp_conn_of(struct kolo_conn *kc)
 
 /* ---- conns and requests (tcp_conn.c) ------------------------------------ */
 
+/* The endpoint's conns and handshakes are lists linked through prev/next
+ * with only a head: push at the front, unlink from anywhere. */
+#define TCP_LIST_PUSH(head, node)                                                                  \
+	do {                                                                                       \
+		(node)->prev = NULL;                                                               \
+		(node)->next = (head);                                                             \
+		if (head)                                                                          \
+			(head)->prev = (node);                                                     \
+		(head) = (node);                                                                   \
+	} while (0)
+#define TCP_LIST_UNLINK(head, node)                                                                \
+	do {                                                                                       \
+		if ((node)->prev)                                                                  \
+			(node)->prev->next = (node)->next;                                         \
+		else                                                                               \
+			(head) = (node)->next;                                                     \
+		if ((node)->next)                                                                  \
+			(node)->next->prev = (node)->prev;                                         \
+	} while (0)
+
 void tcp_req_list_append(struct tcp_req_list *l, struct tcp_req *r);
 void tcp_req_list_remove(struct tcp_req_list *l, struct tcp_req *r);
 /* A zeroed request from the endpoint's free list (NULL: out of memory). */
