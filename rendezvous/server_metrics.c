@@ -20,6 +20,11 @@ static const char *const endpoint_names[RDZV_EP_COUNT] = {
         [RDZV_EP_OTHER] = "other",
 };
 
+/* Room for the text: the fixed lines, two per job, one per counter. */
+#define TEXT_FIXED_BYTES  4096
+#define TEXT_JOB_LINE     (KOLO_RDZV_ID_MAX + 64)
+#define TEXT_COUNTER_LINE 96
+
 static const int counted_codes[RDZV_N_CODES] = {200, 201, 202, 204, 400, 401, 404,
                                                 405, 410, 413, 500, 503, 507};
 
@@ -131,8 +136,8 @@ static void text_totals(struct text *t, const struct kolo_rdzv_server *s)
 
 struct rdzv_reply rdzv_metrics_text(struct kolo_rdzv_server *s)
 {
-	struct text t = {.cap = 4096 + s->st.jobs.n * 2 * (KOLO_RDZV_ID_MAX + 64) +
-	                        RDZV_EP_COUNT * RDZV_N_CODES * 96};
+	struct text t = {.cap = TEXT_FIXED_BYTES + s->st.jobs.n * 2 * TEXT_JOB_LINE +
+	                        RDZV_EP_COUNT * RDZV_N_CODES * TEXT_COUNTER_LINE};
 	t.b = malloc(t.cap);
 	if (!t.b)
 		return rdzv_reply_error(500, "out of memory");

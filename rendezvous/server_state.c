@@ -10,9 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ROUND_LOG_NAMES   8  /* workers named in a round's added=[...] */
-#define WAIT_LOG_NAMES    10 /* workers named in a waiting job's joined=[...] */
-#define MEMBER_JSON_EXTRA 48 /* {"rank":,"worker_id":"","host":""} around the strings */
+#define ROUND_LOG_NAMES   8   /* workers named in a round's added=[...] */
+#define WAIT_LOG_NAMES    10  /* workers named in a waiting job's joined=[...] */
+#define MEMBER_JSON_EXTRA 48  /* {"rank":,"worker_id":"","host":""} around the strings */
+#define ASSIGN_HEAD_MAX   256 /* {"round":...,"members": before the members array */
+#define DROPPED_ROOM      80  /* room left in dropped[] for an entry or ", ..." */
+#define MORE_ROOM         32  /* room for ", ... N more" */
 
 static const char *job_state_name(enum rdzv_job_state st)
 {
@@ -46,7 +49,7 @@ const char *rdzv_job_state_word(const struct rdzv_job *j)
 
 char *rdzv_job_assignment_body(const struct rdzv_job *j, const struct rdzv_worker *w, size_t *len)
 {
-	size_t cap = j->members_len + 256;
+	size_t cap = j->members_len + ASSIGN_HEAD_MAX;
 	char *b = malloc(cap);
 	if (!b)
 		return NULL;
@@ -324,7 +327,7 @@ uint64_t rdzv_job_settle_deadline(const struct rdzv_job *j)
 static void note_dropped(struct rdzv_job *j, const struct rdzv_worker *w, const char *why)
 {
 	size_t o = strlen(j->dropped);
-	if (o + 80 >= sizeof(j->dropped)) {
+	if (o + DROPPED_ROOM >= sizeof(j->dropped)) {
 		if (!strstr(j->dropped, "..."))
 			snprintf(j->dropped + o, sizeof(j->dropped) - o, ", ...");
 		return;
@@ -428,7 +431,7 @@ static void log_waiting_line(const struct rdzv_job *j)
 			break;
 		o += (size_t)n;
 	}
-	if (j->n_workers > WAIT_LOG_NAMES && o + 32 < sizeof(joined))
+	if (j->n_workers > WAIT_LOG_NAMES && o + MORE_ROOM < sizeof(joined))
 		snprintf(joined + o, sizeof(joined) - o, ", ... %d more",
 		         j->n_workers - WAIT_LOG_NAMES);
 	free(v);
