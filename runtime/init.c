@@ -403,7 +403,7 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	          "round %" PRId64 ": rank %d of %d, local %d of %d, cross %d of %d (worker %s)",
 	          a->round, a->rank, a->size, a->local_rank, a->local_size, a->cross_rank,
 	          a->cross_size, kolo_rdzv_worker_id(comm->rdzv));
-	if ((st = kolo_runtime_data_plane_create(comm)) != KOLO_OK)
+	if ((st = kolo_runtime_elastic_connect(comm)) != KOLO_OK)
 		return kolo_runtime_init_fail(comm, st);
 	if ((st = kolo_runtime_elastic_start(comm)) != KOLO_OK)
 		return kolo_runtime_init_fail(comm, st);

@@ -458,6 +458,45 @@ static kolo_status_t reform(struct kolo_comm *comm)
 	}
 }
 
+kolo_status_t kolo_runtime_elastic_connect(struct kolo_comm *comm)
+{
+	kolo_status_t st = kolo_runtime_data_plane_create(comm);
+	if (st == KOLO_OK || !kolo_param_bool(KOLO_P_ELASTIC))
+		return st;
+	int timeout = (int)KOLO_MIN(kolo_param_int(KOLO_P_ELASTIC_TIMEOUT_MS), INT32_MAX);
+	uint64_t end = kolo_now_ms() + (uint64_t)KOLO_MAX(timeout, 0);
+	while (st != KOLO_OK && membership_failure(st)) {
+		/* A member of the first round died while the round connected (a
+		 * kill as the round formed): the others end the round and take
+		 * the next one, and so does this worker, instead of failing. */
+		const struct kolo_rdzv_assignment *cur = &comm->assignment;
+		int64_t round = cur->round;
+		int rank = cur->rank, size = cur->size;
+		int suspect = comm->ring ? kolo_ring_failed_peer(comm->ring) : -1;
+		struct lost_ranks lost;
+		collect_lost(comm->transport, size, &lost);
+		KOLO_WARN(SUBSYS, "round %" PRId64 " failed while connecting: %s; taking the next one",
+		          round, comm->err.msg);
+		kolo_elastic_announce(comm->rdzv, round, rank, true);
+		data_plane_teardown(comm);
+		struct kolo_rdzv_assignment a;
+		memset(&a, 0, sizeof(a));
+		st = next_round(comm, round, rank, size, suspect, &lost, true, end, &a);
+		if (st != KOLO_OK)
+			return kolo_comm_fail(comm, st,
+			                      "kolo_init: the first round failed while connecting, "
+			                      "and no next one came: %s",
+			                      kolo_rdzv_client_error(comm->rdzv));
+		kolo_rdzv_assignment_fini(&comm->assignment);
+		comm->assignment = a;
+		kolo_log_set_identity(comm->host, a.rank);
+		kolo_runtime_report_rank(comm);
+		comm->err.msg[0] = '\0';
+		st = kolo_runtime_data_plane_create(comm);
+	}
+	return st;
+}
+
 /* ---- state ------------------------------------------------------------------ */
 
 static bool engine_running(struct kolo_comm *comm)

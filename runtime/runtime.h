@@ -88,6 +88,10 @@ void kolo_runtime_set_init_error(const char *fmt, ...) __attribute__((format(pri
  * one. failed: what a failed collective returns: in elastic mode a peer
  * failure becomes KOLO_EMEMBERSHIP and the round's end is announced to every
  * rank; otherwise st unchanged. */
+/* kolo_init's first data plane: kolo_runtime_data_plane_create, and in an
+ * elastic job the next round (as kolo_reform) when a member of this one was
+ * lost while it connected. */
+kolo_status_t kolo_runtime_elastic_connect(struct kolo_comm *comm);
 kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm);
 void kolo_runtime_elastic_stop(struct kolo_comm *comm);
 kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st);
