@@ -124,16 +124,22 @@ KOLO_API size_t kolo_reducescatter_count(size_t count, int size, int rank)
 	return base + ((size_t)rank < count % (size_t)size ? 1 : 0);
 }
 
-kolo_status_t kolo_fail(struct kolo_errbuf *eb, kolo_status_t st, const char *fmt, ...)
+kolo_status_t kolo_vfail(struct kolo_errbuf *eb, kolo_status_t st, const char *fmt, va_list ap)
 {
 	char msg[KOLO_ERRBUF_SIZE];
-	va_list ap;
-	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	if (eb)
 		memcpy(eb->msg, msg, sizeof(msg));
 	KOLO_DEBUG("core", "%s: %s", kolo_status_name(st), msg);
+	return st;
+}
+
+kolo_status_t kolo_fail(struct kolo_errbuf *eb, kolo_status_t st, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	kolo_vfail(eb, st, fmt, ap);
+	va_end(ap);
 	return st;
 }
 

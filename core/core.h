@@ -70,6 +70,10 @@ struct kolo_errbuf {
  * returns st, so that `return kolo_fail(eb, KOLO_EINVAL, "...")` reads well. */
 kolo_status_t kolo_fail(struct kolo_errbuf *eb, kolo_status_t st, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
+/* kolo_fail with a va_list, for the wrappers that name the errbuf of an
+ * object (kolo_comm_fail). */
+kolo_status_t kolo_vfail(struct kolo_errbuf *eb, kolo_status_t st, const char *fmt, va_list ap)
+        __attribute__((format(printf, 3, 0)));
 
 /* ---- parameters ------------------------------------------------------- */
 

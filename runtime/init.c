@@ -28,14 +28,10 @@ KOLO_API const char *kolo_init_error(void)
 
 kolo_status_t kolo_comm_fail(struct kolo_comm *comm, kolo_status_t st, const char *fmt, ...)
 {
-	char msg[KOLO_ERRBUF_SIZE];
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	kolo_vfail(comm ? &comm->err : NULL, st, fmt, ap);
 	va_end(ap);
-	if (comm)
-		memcpy(comm->err.msg, msg, sizeof(msg));
-	KOLO_DEBUG(SUBSYS, "%s: %s", kolo_status_name(st), msg);
 	return st;
 }
 
