@@ -54,6 +54,11 @@ struct kolo_transport_config {
 	 * acknowledgement. 0 disables it. */
 	int probe_ms;
 	int probe_timeout_ms;
+	/* TCP: the largest chunk a message is cut into (KOLO_TCP_CHUNK_BYTES);
+	 * shared memory: bytes of each direction's ring (KOLO_SHM_BUFFER). 0
+	 * takes the parameter's default from core/params.def. */
+	size_t tcp_chunk_bytes;
+	size_t shm_ring_bytes;
 	/* Which ranks share this endpoint's host (size entries; NULL: none
 	 * known). The hybrid transport (runtime/hybrid.h) reaches those through
 	 * shared memory; other transports ignore it. */
@@ -80,9 +85,10 @@ struct kolo_req;
 
 struct kolo_transport_ops {
 	const char *name;
-	/* Creates an endpoint; copies what it needs from cfg. */
+	/* Creates an endpoint; copies what it needs from cfg. On an error the
+	 * detail goes to eb (which may be NULL) and *out stays NULL. */
 	kolo_status_t (*create)(const struct kolo_transport_config *cfg,
-	                        struct kolo_transport **out);
+	                        struct kolo_transport **out, struct kolo_errbuf *eb);
 	/* Starts listening and writes the handle peers connect to. Once. */
 	kolo_status_t (*listen)(struct kolo_transport *t, struct kolo_transport_handle *out);
 	/* Starts a connection to peer_rank at `peer`, identified on both sides by

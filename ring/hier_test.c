@@ -201,7 +201,7 @@ static int world_run(struct world *w)
 		        .iface = "127.0.0.1",
 		        .spin_us = 10,
 		};
-		ck_assert_int_eq(kolo_transport_tcp_ops.create(&tc, &w->t[r]), KOLO_OK);
+		ck_assert_int_eq(kolo_transport_tcp_ops.create(&tc, &w->t[r], NULL), KOLO_OK);
 		ck_assert_int_eq(kolo_transport_tcp_ops.listen(w->t[r], &w->h[r]), KOLO_OK);
 	}
 	pthread_t th[NMAX];

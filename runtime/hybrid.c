@@ -273,22 +273,23 @@ static bool hybrid_unreachable(struct kolo_transport *t, int peer_rank)
 /* Shared memory for the peers cfg->same_host marks (created only if there
  * is one), TCP for the others. */
 static kolo_status_t hybrid_create(const struct kolo_transport_config *cfg,
-                                   struct kolo_transport **out)
+                                   struct kolo_transport **out, struct kolo_errbuf *eb)
 {
 	const struct kolo_transport_ops *local = &kolo_transport_shm_ops;
 	const struct kolo_transport_ops *net = &kolo_transport_tcp_ops;
 	*out = NULL;
 	if (!cfg || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
-		return KOLO_EINVAL;
+		return kolo_fail(eb, KOLO_EINVAL, "hybrid: rank %d of %d", cfg ? cfg->rank : -1,
+		                 cfg ? cfg->size : 0);
 	struct hybrid *h = calloc(1, sizeof(*h));
 	if (!h)
-		return KOLO_ENOMEM;
+		return kolo_fail(eb, KOLO_ENOMEM, "hybrid: out of memory");
 	h->base.ops = &kolo_transport_hybrid_ops;
 	h->size = cfg->size;
 	h->same_host = calloc((size_t)cfg->size, sizeof(bool));
 	if (!h->same_host) {
 		free(h);
-		return KOLO_ENOMEM;
+		return kolo_fail(eb, KOLO_ENOMEM, "hybrid: out of memory");
 	}
 	bool any_local = false;
 	for (int r = 0; r < cfg->size; r++) {
@@ -296,15 +297,10 @@ static kolo_status_t hybrid_create(const struct kolo_transport_config *cfg,
 		any_local |= h->same_host[r];
 		h->any_remote |= r != cfg->rank && !h->same_host[r];
 	}
-	const char *failed = net->name;
-	kolo_status_t st = net->create(cfg, &h->net);
-	if (st == KOLO_OK && any_local) {
-		failed = local->name;
-		st = local->create(cfg, &h->local);
-	}
+	kolo_status_t st = net->create(cfg, &h->net, eb);
+	if (st == KOLO_OK && any_local)
+		st = local->create(cfg, &h->local, eb);
 	if (st != KOLO_OK) {
-		KOLO_ERROR(SUBSYS, "cannot create the %s transport: %s", failed,
-		           kolo_status_name(st));
 		hybrid_destroy(&h->base);
 		return st;
 	}

@@ -214,6 +214,8 @@ kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
 	        .probe_ms = (int)KOLO_MIN(KOLO_MAX(kolo_param_int(KOLO_P_PROBE_MS), 0), INT32_MAX),
 	        .probe_timeout_ms = (int)KOLO_MIN(
 	                KOLO_MAX(kolo_param_int(KOLO_P_PROBE_TIMEOUT_MS), 1), INT32_MAX),
+	        .tcp_chunk_bytes = (size_t)KOLO_MAX(kolo_param_int(KOLO_P_TCP_CHUNK_BYTES), 0),
+	        .shm_ring_bytes = (size_t)KOLO_MAX(kolo_param_int(KOLO_P_SHM_BUFFER), 0),
 	};
 	bool *same_host = calloc((size_t)a->size, sizeof(bool));
 	if (!same_host)
@@ -224,11 +226,11 @@ kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
 			same_host[m->rank] = strcmp(m->host, comm->host) == 0;
 	}
 	tc.same_host = shm_enabled() ? same_host : NULL; /* NULL: TCP to everyone */
-	kolo_status_t st = kolo_transport_hybrid_ops.create(&tc, &comm->transport);
+	struct kolo_errbuf eb = {{0}};
+	kolo_status_t st = kolo_transport_hybrid_ops.create(&tc, &comm->transport, &eb);
 	free(same_host);
 	if (st != KOLO_OK)
-		return kolo_comm_fail(comm, st, "creating the %s transport failed (the log says why)",
-		                      kolo_transport_hybrid_ops.name);
+		return kolo_comm_fail(comm, st, "creating the transport: %s", eb.msg);
 	const struct kolo_transport_ops *ops = comm->transport->ops;
 	memset(out, 0, sizeof(*out));
 	st = ops->listen(comm->transport, out);

@@ -704,22 +704,27 @@ static bool transport_progress(struct shm_transport *t)
 static void shm_destroy(struct kolo_transport *base);
 
 static kolo_status_t shm_create(const struct kolo_transport_config *cfg,
-                                struct kolo_transport **out)
+                                struct kolo_transport **out, struct kolo_errbuf *eb)
 {
+	*out = NULL;
 	struct shm_transport *t = calloc(1, sizeof(*t));
 	if (!t)
-		return KOLO_ENOMEM;
+		return kolo_fail(eb, KOLO_ENOMEM, "shm: out of memory");
 	t->base.ops = &kolo_transport_shm_ops;
 	t->listen_fd = t->epfd = t->abort_fd = -1;
 	if (kolo_strfmt(t->job, sizeof(t->job), "%s", cfg->job ? cfg->job : "") != KOLO_OK) {
 		free(t);
-		return KOLO_EINVAL;
+		return kolo_fail(eb, KOLO_EINVAL, "shm: job id longer than %zu bytes",
+		                 sizeof(t->job) - 1);
 	}
 	t->round = cfg->round;
 	t->rank = cfg->rank;
 	t->timeout_ms = cfg->timeout_ms;
-	int64_t rb = kolo_param_int(KOLO_P_SHM_BUFFER);
-	t->ring_bytes = rb >= 4096 ? (size_t)rb : KOLO_SHM_DEFAULT_RING_BYTES;
+	/* Smaller than a page, or 0: the parameter's default. */
+	size_t rb = cfg->shm_ring_bytes;
+	t->ring_bytes = rb >= 4096 ? rb
+	                           : (size_t)strtoull(kolo_param_info(KOLO_P_SHM_BUFFER)->def, NULL,
+	                                              10);
 	t->token_len = cfg->token_len;
 	t->token = malloc(cfg->token_len + 1);
 	if (!t->token)
@@ -737,7 +742,7 @@ static kolo_status_t shm_create(const struct kolo_transport_config *cfg,
 	return KOLO_OK;
 fail:
 	shm_destroy(&t->base);
-	return KOLO_ESYSTEM;
+	return kolo_fail(eb, KOLO_ESYSTEM, "shm: cannot create the endpoint: %s", strerror(errno));
 }
 
 static kolo_status_t shm_listen(struct kolo_transport *base, struct kolo_transport_handle *out)

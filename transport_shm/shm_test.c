@@ -28,7 +28,7 @@ static struct kolo_transport *make(int rank, int64_t round, const char *token,
 	        .streams = 1,
 	};
 	struct kolo_transport *t = NULL;
-	ck_assert_int_eq(ops->create(&cfg, &t), KOLO_OK);
+	ck_assert_int_eq(ops->create(&cfg, &t, NULL), KOLO_OK);
 	ck_assert_int_eq(ops->listen(t, h), KOLO_OK);
 	return t;
 }

@@ -17,7 +17,4 @@
 
 extern const struct kolo_transport_ops kolo_transport_shm_ops;
 
-/* Bytes of each direction's ring (KOLO_SHM_BUFFER). */
-#define KOLO_SHM_DEFAULT_RING_BYTES (4u << 20)
-
 #endif /* KOLO_TRANSPORT_SHM_H */

@@ -30,20 +30,20 @@ static kolo_status_t aborted(struct tcp_transport *t)
 static void tcp_destroy(struct kolo_transport *kt);
 
 static kolo_status_t tcp_create(const struct kolo_transport_config *cfg,
-                                struct kolo_transport **out)
+                                struct kolo_transport **out, struct kolo_errbuf *eb)
 {
 	*out = NULL;
 	if (!cfg || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size ||
 	    (cfg->token_len && !cfg->token))
-		return KOLO_EINVAL;
+		return kolo_fail(eb, KOLO_EINVAL, "tcp: rank %d of %d, or a token without bytes",
+		                 cfg ? cfg->rank : -1, cfg ? cfg->size : 0);
 	const char *job = cfg->job ? cfg->job : "";
-	if (strlen(job) >= TCP_JOB_FIELD) {
-		KOLO_ERROR(SUBSYS, "job id longer than %d bytes", TCP_JOB_FIELD - 1);
-		return KOLO_EINVAL;
-	}
+	if (strlen(job) >= TCP_JOB_FIELD)
+		return kolo_fail(eb, KOLO_EINVAL, "tcp: job id longer than %d bytes",
+		                 TCP_JOB_FIELD - 1);
 	struct tcp_transport *t = calloc(1, sizeof(*t));
 	if (!t)
-		return KOLO_ENOMEM;
+		return kolo_fail(eb, KOLO_ENOMEM, "tcp: out of memory");
 	kolo_status_t st = KOLO_OK;
 	t->base.ops = &kolo_transport_tcp_ops;
 	t->listen_fd = -1;
@@ -57,7 +57,7 @@ static kolo_status_t tcp_create(const struct kolo_transport_config *cfg,
 	t->token_len = cfg->token_len;
 	t->token = malloc(KOLO_MAX(cfg->token_len, (size_t)1));
 	if (!t->token) {
-		st = KOLO_ENOMEM;
+		st = kolo_fail(eb, KOLO_ENOMEM, "tcp: out of memory");
 		goto fail;
 	}
 	if (cfg->token_len)
@@ -67,26 +67,25 @@ static kolo_status_t tcp_create(const struct kolo_transport_config *cfg,
 	t->socket_buffer = KOLO_MAX(cfg->socket_buffer, 0);
 	t->probe_ms = KOLO_MAX(cfg->probe_ms, 0);
 	t->probe_timeout_ms = KOLO_MAX(cfg->probe_timeout_ms, 1);
-	int64_t cb = kolo_param_int(KOLO_P_TCP_CHUNK_BYTES);
-	t->chunk_bytes = (size_t)KOLO_MIN(KOLO_MAX(cb, (int64_t)TCP_MIN_CHUNK), (int64_t)TCP_MAX_CHUNK);
+	size_t cb = cfg->tcp_chunk_bytes
+	                    ? cfg->tcp_chunk_bytes
+	                    : (size_t)strtoull(kolo_param_info(KOLO_P_TCP_CHUNK_BYTES)->def, NULL, 10);
+	t->chunk_bytes = KOLO_MIN(KOLO_MAX(cb, (size_t)TCP_MIN_CHUNK), (size_t)TCP_MAX_CHUNK);
 	t->epfd = epoll_create1(EPOLL_CLOEXEC);
 	t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (t->epfd < 0 || t->wake_fd < 0) {
-		st = KOLO_ESYSTEM;
+		st = kolo_fail(eb, KOLO_ESYSTEM, "tcp: epoll/eventfd: %s", strerror(errno));
 		goto fail;
 	}
 	t->wake_ref.kind = TCP_POLL_WAKE;
 	uint32_t ev;
 	if (!tcp_fd_poll_set(t, EPOLL_CTL_ADD, t->wake_fd, &t->wake_ref, &ev, EPOLLIN)) {
-		st = KOLO_ESYSTEM;
+		st = kolo_fail(eb, KOLO_ESYSTEM, "tcp: epoll: %s", strerror(errno));
 		goto fail;
 	}
-	struct kolo_errbuf eb = {{0}};
-	st = kolo_tcp_pick_address(cfg->iface, cfg->route_to, &t->addr, &t->addrlen, &eb);
-	if (st != KOLO_OK) {
-		KOLO_ERROR(SUBSYS, "%s", eb.msg);
+	st = kolo_tcp_pick_address(cfg->iface, cfg->route_to, &t->addr, &t->addrlen, eb);
+	if (st != KOLO_OK)
 		goto fail;
-	}
 	tcp_addr_str(&t->addr, t->addr_str, sizeof(t->addr_str));
 	*out = &t->base;
 	return KOLO_OK;

@@ -76,7 +76,7 @@ START_TEST(handle_roundtrip)
 	const struct kolo_transport_ops *ops = &kolo_transport_tcp_ops;
 	struct kolo_transport *t = NULL;
 	struct kolo_transport_handle h;
-	ck_assert_int_eq(ops->create(&cfg, &t), KOLO_OK);
+	ck_assert_int_eq(ops->create(&cfg, &t, NULL), KOLO_OK);
 	ck_assert_int_eq(ops->listen(t, &h), KOLO_OK);
 	ck_assert_int_eq(ops->listen(t, &h), KOLO_EINVAL);
 	uint32_t magic;
@@ -94,12 +94,16 @@ START_TEST(handle_roundtrip)
 	ck_assert_int_eq(ops->connect(t, &bad, 0, 1, &c), KOLO_EINVAL);
 	ck_assert_ptr_null(c);
 	ops->destroy(t);
-	/* Bad configs. */
+	/* Bad configs: refused with the reason in the errbuf. */
+	struct kolo_errbuf eb = {{0}};
 	cfg.rank = 1;
-	ck_assert_int_eq(ops->create(&cfg, &t), KOLO_EINVAL);
+	ck_assert_int_eq(ops->create(&cfg, &t, &eb), KOLO_EINVAL);
+	ck_assert_ptr_nonnull(strstr(eb.msg, "rank 1 of 1"));
 	cfg.rank = 0;
 	cfg.iface = "no-such-if0";
-	ck_assert_int_eq(ops->create(&cfg, &t), KOLO_EINVAL);
+	ck_assert_int_eq(ops->create(&cfg, &t, &eb), KOLO_EINVAL);
+	ck_assert_ptr_nonnull(strstr(eb.msg, "no-such-if0"));
+	ck_assert_int_eq(ops->create(&cfg, &t, NULL), KOLO_EINVAL); /* eb may be NULL */
 }
 END_TEST
 
@@ -119,7 +123,7 @@ START_TEST(ipv6_loopback)
 	const struct kolo_transport_ops *ops = &kolo_transport_tcp_ops;
 	struct kolo_transport *t = NULL;
 	struct kolo_transport_handle h;
-	ck_assert_int_eq(ops->create(&cfg, &t), KOLO_OK);
+	ck_assert_int_eq(ops->create(&cfg, &t, NULL), KOLO_OK);
 	if (ops->listen(t, &h) != KOLO_OK) {
 		ops->destroy(t); /* no IPv6 here */
 		return;
@@ -271,7 +275,7 @@ static kolo_status_t send_to_rogue(const char *token, struct rogue *r)
 	                                    .iface = "127.0.0.1"};
 	const struct kolo_transport_ops *ops = &kolo_transport_tcp_ops;
 	struct kolo_transport *t = NULL;
-	ck_assert_int_eq(ops->create(&cfg, &t), KOLO_OK);
+	ck_assert_int_eq(ops->create(&cfg, &t, NULL), KOLO_OK);
 	struct kolo_conn *c = NULL;
 	ck_assert_int_eq(ops->connect(t, &h, 1, 9, &c), KOLO_OK);
 	char buf[1000];

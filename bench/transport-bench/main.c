@@ -207,7 +207,7 @@ int main(int argc, char **argv)
 		};
 		struct kolo_transport *t0 = NULL;
 		struct kolo_transport_handle h0;
-		kolo_status_t st = ops->create(&cfg, &t0);
+		kolo_status_t st = ops->create(&cfg, &t0, NULL);
 		if (st == KOLO_OK)
 			st = ops->listen(t0, &h0);
 		if (st != KOLO_OK)
@@ -218,7 +218,7 @@ int main(int argc, char **argv)
 			struct kolo_transport *t1 = NULL;
 			struct kolo_conn *c = NULL;
 			cfg.rank = 1;
-			if (ops->create(&cfg, &t1) != KOLO_OK ||
+			if (ops->create(&cfg, &t1, NULL) != KOLO_OK ||
 			    ops->connect(t1, &h0, 0, 1, &c) != KOLO_OK)
 				_exit(1);
 			run(1, streams, sizes, nsizes, total, t1, c);

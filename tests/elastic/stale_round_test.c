@@ -74,14 +74,14 @@ START_TEST(test_stale_round_refused)
 	for (int r = 0; r < 2; r++) {
 		struct kolo_transport_config c = config(2, r, 2);
 		m[r].rank = r;
-		ck_assert_int_eq(ops->create(&c, &m[r].t), KOLO_OK);
+		ck_assert_int_eq(ops->create(&c, &m[r].t, NULL), KOLO_OK);
 		ck_assert_int_eq(ops->listen(m[r].t, &handles[r]), KOLO_OK);
 	}
 	/* The ghost: rank 0 of round 1, connecting to rank 1 with the ring's tag. */
 	struct kolo_transport_config gc = config(1, 0, 2);
 	struct kolo_transport *ghost = NULL;
 	struct kolo_transport_handle gh;
-	ck_assert_int_eq(ops->create(&gc, &ghost), KOLO_OK);
+	ck_assert_int_eq(ops->create(&gc, &ghost, NULL), KOLO_OK);
 	ck_assert_int_eq(ops->listen(ghost, &gh), KOLO_OK);
 	struct kolo_conn *gconn = NULL;
 	ck_assert_int_eq(ops->connect(ghost, &handles[1], 1, 0, &gconn), KOLO_OK);

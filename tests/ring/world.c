@@ -62,7 +62,7 @@ void world_init(struct world *w, int n, const struct kolo_ring_config *cfg)
 		        .iface = "127.0.0.1",
 		        .spin_us = cfg->spin_us,
 		};
-		kolo_status_t st = kolo_transport_tcp_ops.create(&tc, &w->t[r]);
+		kolo_status_t st = kolo_transport_tcp_ops.create(&tc, &w->t[r], NULL);
 		if (st == KOLO_OK)
 			st = kolo_transport_tcp_ops.listen(w->t[r], &w->h[r]);
 		if (st != KOLO_OK)

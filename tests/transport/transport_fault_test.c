@@ -368,7 +368,7 @@ START_TEST(killed_peer_fails_fast)
 		struct kolo_conn *c = NULL;
 		struct kolo_req *r = NULL, *r0 = NULL;
 		uint8_t *sb = malloc(len);
-		if (!sb || ops->create(&cb, &b) != KOLO_OK ||
+		if (!sb || ops->create(&cb, &b, NULL) != KOLO_OK ||
 		    ops->connect(b, &ha, 0, 7, &c) != KOLO_OK)
 			_exit(1);
 		memset(sb, 7, len);

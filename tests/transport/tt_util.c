@@ -66,7 +66,7 @@ struct kolo_transport *tt_open(const struct kolo_transport_ops *ops,
                                struct kolo_transport_handle *h)
 {
 	struct kolo_transport *t = NULL;
-	ck_assert_int_eq(ops->create(cfg, &t), KOLO_OK);
+	ck_assert_int_eq(ops->create(cfg, &t, NULL), KOLO_OK);
 	ck_assert_ptr_nonnull(t);
 	ck_assert_int_eq(ops->listen(t, h), KOLO_OK);
 	return t;
