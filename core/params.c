@@ -7,7 +7,7 @@
 #include <strings.h>
 
 static const struct kolo_param_info table[KOLO_P_COUNT] = {
-#define KOLO_PARAM(id, env, type, def, alias, help) \
+#define KOLO_PARAM(id, env, type, def, alias, help)                                                \
 	[KOLO_P_##id] = {env, KOLO_PARAM_##type, def, alias, help},
 #include "params.def"
 #undef KOLO_PARAM

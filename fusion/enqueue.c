@@ -64,10 +64,9 @@ static kolo_status_t check_buffers(const struct kolo_engine_op *op, int n, struc
 	case KOLO_FK_BROADCAST:
 		/* A reducescatter's recvbuf may be NULL when this rank's block is
 		 * empty, as on the blocking path. */
-		assert(!op->count || (op->kind == KOLO_FK_BROADCAST ? op->recvbuf != NULL
-		                      : op->kind == KOLO_FK_ALLREDUCE
-		                              ? op->sendbuf && op->recvbuf
-		                              : op->sendbuf != NULL));
+		assert(!op->count || (op->kind == KOLO_FK_BROADCAST   ? op->recvbuf != NULL
+		                      : op->kind == KOLO_FK_ALLREDUCE ? op->sendbuf && op->recvbuf
+		                                                      : op->sendbuf != NULL));
 		assert(op->kind != KOLO_FK_BROADCAST || (op->root >= 0 && op->root < n));
 		p->ncounts = 1;
 		break;

@@ -393,11 +393,12 @@ static kolo_status_t reform(struct kolo_comm *comm)
 			comm->rejoins++;
 			st = wait_members_answer(comm, end);
 			if (st != KOLO_OK)
-				return kolo_comm_fail(comm, st,
-				                      "kolo_reform: evicted, and %s before this worker "
-				                      "could reach every member of the job again",
-				                      st == KOLO_ESHUTDOWN ? "SIGTERM came"
-				                                           : "KOLO_ELASTIC_TIMEOUT_MS passed");
+				return kolo_comm_fail(
+				        comm, st,
+				        "kolo_reform: evicted, and %s before this worker "
+				        "could reach every member of the job again",
+				        st == KOLO_ESHUTDOWN ? "SIGTERM came"
+				                             : "KOLO_ELASTIC_TIMEOUT_MS passed");
 			st = kolo_rdzv_rejoin(comm->rdzv);
 			if (st != KOLO_OK)
 				return kolo_comm_fail(comm, st, "kolo_reform: joining again: %s",
@@ -475,7 +476,8 @@ kolo_status_t kolo_runtime_elastic_connect(struct kolo_comm *comm)
 		int suspect = comm->ring ? kolo_ring_failed_peer(comm->ring) : -1;
 		struct lost_ranks lost;
 		collect_lost(comm->transport, size, &lost);
-		KOLO_WARN(SUBSYS, "round %" PRId64 " failed while connecting: %s; taking the next one",
+		KOLO_WARN(SUBSYS,
+		          "round %" PRId64 " failed while connecting: %s; taking the next one",
 		          round, comm->err.msg);
 		kolo_elastic_announce(comm->rdzv, round, rank, true);
 		data_plane_teardown(comm);

@@ -722,9 +722,9 @@ static kolo_status_t shm_create(const struct kolo_transport_config *cfg,
 	t->timeout_ms = cfg->timeout_ms;
 	/* Smaller than a page, or 0: the parameter's default. */
 	size_t rb = cfg->shm_ring_bytes;
-	t->ring_bytes = rb >= 4096 ? rb
-	                           : (size_t)strtoull(kolo_param_info(KOLO_P_SHM_BUFFER)->def, NULL,
-	                                              10);
+	t->ring_bytes =
+	        rb >= 4096 ? rb
+	                   : (size_t)strtoull(kolo_param_info(KOLO_P_SHM_BUFFER)->def, NULL, 10);
 	t->token_len = cfg->token_len;
 	t->token = malloc(cfg->token_len + 1);
 	if (!t->token)

@@ -70,7 +70,8 @@ static void check_hello(struct tcp_transport *t, struct tcp_pending *p)
 	}
 	memcpy(p->cnonce, h.cnonce, TCP_NONCE_SIZE);
 	p->probe_port = h.probe_port;
-	struct tcp_hello_expect e = {.job = t->job, .round = t->round, .rank = t->rank, .size = t->size};
+	struct tcp_hello_expect e = {
+	        .job = t->job, .round = t->round, .rank = t->rank, .size = t->size};
 	if (tcp_wire_hello_admit(&h, &e, why, sizeof(why)) != KOLO_OK) {
 		refuse(t, p, KOLO_EPROTO, "%s", why);
 		return;
@@ -109,7 +110,8 @@ static void verdict_written(struct tcp_transport *t, struct tcp_pending *p)
 		struct tcp_stream *s = &c->streams[p->stream];
 		s->fd = p->fd;
 		s->state = TCP_STREAM_READY;
-		s->ref = (struct tcp_poll_ref){.kind = TCP_POLL_STREAM, .stream = p->stream, .obj = c};
+		s->ref = (struct tcp_poll_ref){
+		        .kind = TCP_POLL_STREAM, .stream = p->stream, .obj = c};
 		tcp_fd_poll_set(t, EPOLL_CTL_MOD, s->fd, &s->ref, &s->ev_reg, 0);
 		p->fd = -1;
 		c->nready++;

@@ -11,8 +11,8 @@
 
 #define SUBSYS "tcp"
 
-kolo_status_t tcp_connector_start(struct tcp_conn *c, int idx,
-                                  const struct sockaddr_storage *addr, socklen_t addrlen)
+kolo_status_t tcp_connector_start(struct tcp_conn *c, int idx, const struct sockaddr_storage *addr,
+                                  socklen_t addrlen)
 {
 	struct tcp_transport *t = c->t;
 	struct tcp_stream *s = &c->streams[idx];
@@ -66,7 +66,8 @@ static void on_challenge(struct tcp_conn *c, struct tcp_stream *s, int idx)
 {
 	const struct tcp_transport *t = c->t;
 	if (!tcp_wire_challenge_decode(s->hs, s->anonce)) {
-		tcp_conn_fail(c, KOLO_EPROTO, "%s (rank %d) is not a kolo endpoint of wire version %d",
+		tcp_conn_fail(c, KOLO_EPROTO,
+		              "%s (rank %d) is not a kolo endpoint of wire version %d",
 		              c->peer_addr, c->base.peer_rank, KOLO_WIRE_VERSION);
 		return;
 	}

@@ -391,8 +391,8 @@ void tcp_fd_set_options(const struct tcp_transport *t, int fd);
 
 /* Starts stream idx of an outgoing conn: a non-blocking connect to addr.
  * Fails the conn when the connect fails at once. */
-kolo_status_t tcp_connector_start(struct tcp_conn *c, int idx,
-                                  const struct sockaddr_storage *addr, socklen_t addrlen);
+kolo_status_t tcp_connector_start(struct tcp_conn *c, int idx, const struct sockaddr_storage *addr,
+                                  socklen_t addrlen);
 /* Moves a connecting stream's handshake on as far as its socket allows.
  * revents: from poll, or 0 when called blindly. */
 void tcp_connector_step(struct tcp_conn *c, struct tcp_stream *s, short revents);

@@ -175,8 +175,8 @@ static void take_added(struct tcp_probe *p)
 {
 	pthread_mutex_lock(&p->lock);
 	int n = p->n_added;
-	if (n && grow((void **)&p->targets, &p->cap_targets, p->n_targets + n,
-	              sizeof(*p->targets))) {
+	if (n &&
+	    grow((void **)&p->targets, &p->cap_targets, p->n_targets + n, sizeof(*p->targets))) {
 		for (int i = 0; i < n; i++) {
 			struct probe_target *tg = &p->targets[p->n_targets++];
 			*tg = p->added[i];
@@ -284,7 +284,8 @@ static void *probe_main(void *arg)
 			        .events = (short)(tg->state == TG_CONNECTING ? POLLOUT : POLLIN)};
 		}
 		for (int i = 0; i < p->n_drain; i++)
-			pfd[2 + p->n_targets + i] = (struct pollfd){.fd = p->drain[i], .events = POLLIN};
+			pfd[2 + p->n_targets + i] =
+			        (struct pollfd){.fd = p->drain[i], .events = POLLIN};
 		uint64_t now = kolo_now_ms();
 		int to = next_beat > now ? (int)(next_beat - now) : 0;
 		int n = poll(pfd, (nfds_t)want, to);
@@ -478,7 +479,8 @@ bool kolo_tcp_host_answers(const struct kolo_transport_handle *h, int timeout_ms
 		err = errno;
 		if (err == EINPROGRESS || err == EINTR) {
 			struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-			err = poll(&pfd, 1, KOLO_MAX(timeout_ms, 0)) == 1 ? sock_error(fd) : ETIMEDOUT;
+			err = poll(&pfd, 1, KOLO_MAX(timeout_ms, 0)) == 1 ? sock_error(fd)
+			                                                  : ETIMEDOUT;
 		}
 	}
 	close(fd);

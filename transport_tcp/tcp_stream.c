@@ -30,7 +30,8 @@ static bool take_chunk(struct tcp_conn *c, struct tcp_stream *s)
 		return false;
 	size_t off = r->cut;
 	size_t n = chunk_len(c, r->len, r->len - off);
-	struct tcp_chunk_hdr h = {.len = (uint32_t)n, .seq = r->seq, .offset = off, .msglen = r->len};
+	struct tcp_chunk_hdr h = {
+	        .len = (uint32_t)n, .seq = r->seq, .offset = off, .msglen = r->len};
 	tcp_wire_chunk_encode(&h, s->shdr);
 	s->sreq = r;
 	s->spay = r->buf + off;
@@ -72,8 +73,8 @@ void tcp_stream_send(struct tcp_conn *c, struct tcp_stream *s)
 		struct iovec iov[2];
 		int niov = 0;
 		if (s->ssent < TCP_CHUNK_HDR_SIZE)
-			iov[niov++] = (struct iovec){s->shdr + s->ssent,
-			                             TCP_CHUNK_HDR_SIZE - s->ssent};
+			iov[niov++] =
+			        (struct iovec){s->shdr + s->ssent, TCP_CHUNK_HDR_SIZE - s->ssent};
 		size_t pay_off = s->ssent > TCP_CHUNK_HDR_SIZE ? s->ssent - TCP_CHUNK_HDR_SIZE : 0;
 		if (s->slen > pay_off)
 			iov[niov++] =

@@ -104,8 +104,7 @@ kolo_status_t tcp_wire_hello_decode(const uint8_t *buf, size_t len, struct tcp_h
 	}
 	uint32_t version = get32(buf + TCP_HELLO_VERSION_OFF);
 	if (version != KOLO_WIRE_VERSION) {
-		snprintf(why, why_size, "wire version %u, expected %d", version,
-		         KOLO_WIRE_VERSION);
+		snprintf(why, why_size, "wire version %u, expected %d", version, KOLO_WIRE_VERSION);
 		return KOLO_EPROTO;
 	}
 	memcpy(out->job, buf + TCP_HELLO_JOB_OFF, TCP_JOB_FIELD);

@@ -67,9 +67,10 @@ static kolo_status_t tcp_create(const struct kolo_transport_config *cfg,
 	t->socket_buffer = KOLO_MAX(cfg->socket_buffer, 0);
 	t->probe_ms = KOLO_MAX(cfg->probe_ms, 0);
 	t->probe_timeout_ms = KOLO_MAX(cfg->probe_timeout_ms, 1);
-	size_t cb = cfg->tcp_chunk_bytes
-	                    ? cfg->tcp_chunk_bytes
-	                    : (size_t)strtoull(kolo_param_info(KOLO_P_TCP_CHUNK_BYTES)->def, NULL, 10);
+	size_t cb =
+	        cfg->tcp_chunk_bytes
+	                ? cfg->tcp_chunk_bytes
+	                : (size_t)strtoull(kolo_param_info(KOLO_P_TCP_CHUNK_BYTES)->def, NULL, 10);
 	t->chunk_bytes = KOLO_MIN(KOLO_MAX(cb, (size_t)TCP_MIN_CHUNK), (size_t)TCP_MAX_CHUNK);
 	t->epfd = epoll_create1(EPOLL_CLOEXEC);
 	t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

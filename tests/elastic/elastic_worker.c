@@ -48,8 +48,8 @@ struct ctx {
 	bool async;
 	bool soak;
 	int64_t corrupt_at; /* ELASTIC_WORKER_CORRUPT, or -1 */
-	int64_t step; /* state */
-	double *acc;  /* state */
+	int64_t step;       /* state */
+	double *acc;        /* state */
 	double *x;
 };
 

@@ -30,10 +30,10 @@ static const uint8_t nonce[TCP_NONCE_SIZE] = {0,  1,  2,  3,  4,  5,  6,  7,  8,
 
 static bool hello_same(const struct tcp_hello *a, const struct tcp_hello *b)
 {
-	return !memcmp(a->job, b->job, TCP_JOB_FIELD) && a->round == b->round &&
-	       a->src == b->src && a->dst == b->dst && a->tag == b->tag &&
-	       a->stream == b->stream && a->nstreams == b->nstreams &&
-	       a->probe_port == b->probe_port && !memcmp(a->cnonce, b->cnonce, TCP_NONCE_SIZE);
+	return !memcmp(a->job, b->job, TCP_JOB_FIELD) && a->round == b->round && a->src == b->src &&
+	       a->dst == b->dst && a->tag == b->tag && a->stream == b->stream &&
+	       a->nstreams == b->nstreams && a->probe_port == b->probe_port &&
+	       !memcmp(a->cnonce, b->cnonce, TCP_NONCE_SIZE);
 }
 
 static bool printable(const char *s)

@@ -403,7 +403,8 @@ START_TEST(ring_of_three_threads)
 	struct kolo_transport *t[RING_N];
 	struct kolo_transport_handle h[RING_N];
 	for (int r = 0; r < RING_N; r++) {
-		struct kolo_transport_config cfg = tt_config(tr_of(_i), r, RING_N, streams_of(_i), 20000);
+		struct kolo_transport_config cfg =
+		        tt_config(tr_of(_i), r, RING_N, streams_of(_i), 20000);
 		t[r] = tt_open(ops, &cfg, &h[r]);
 	}
 	pthread_t th[RING_N];

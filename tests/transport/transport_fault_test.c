@@ -133,8 +133,8 @@ static int raw_handshake(int fd, const struct hello *h, struct kolo_transport *t
 /* Connects from an endpoint with cfg `bad` to a normal rank-0 endpoint and
  * returns the status the connector's first send fails with. The acceptor
  * must never hand out a conn. */
-static kolo_status_t refused_status(const struct tt_transport *tr,
-                                    struct kolo_transport_config bad, int dst_rank)
+static kolo_status_t refused_status(const struct tt_transport *tr, struct kolo_transport_config bad,
+                                    int dst_rank)
 {
 	const struct kolo_transport_ops *ops = tr->ops;
 	struct kolo_transport_config good = tt_config(tr, 0, 3, 2, 10000);
