@@ -1,5 +1,5 @@
 /* The state registry: registered buffers and their host copies. */
-#include "elastic.h"
+#include "membership.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* The state registry: commit, restore, argument checks. */
 #include <string.h>
 
-#include "elastic.h"
+#include "membership.h"
 #include "testutil.h"
 
 START_TEST(test_commit_restore)

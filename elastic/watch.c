@@ -1,5 +1,5 @@
 /* Failure arbitration, SIGTERM and the membership watcher. */
-#include "elastic.h"
+#include "membership.h"
 
 #include <errno.h>
 #include <fcntl.h>

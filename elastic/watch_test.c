@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "elastic.h"
+#include "membership.h"
 #include "testutil.h"
 
 static struct kolo_rdzv_server *server;

@@ -2,7 +2,7 @@
  * state API and kolo_elastic_run(). The membership logic below the data
  * plane (arbitration, watcher, SIGTERM, state copies) is in elastic/; this
  * file composes it with the ring, the transport and the fusion engine. */
-#include "elastic.h"
+#include "membership.h"
 #include "fusion.h"
 #include "hybrid.h"
 #include "kolo/async.h"

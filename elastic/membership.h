@@ -14,8 +14,8 @@
  *   membership changed; it also turns SIGTERM into a leave.
  *
  * Uses the rendezvous client and core only; the runtime composes it. */
-#ifndef KOLO_ELASTIC_INTERNAL_H
-#define KOLO_ELASTIC_INTERNAL_H
+#ifndef KOLO_ELASTIC_MEMBERSHIP_H
+#define KOLO_ELASTIC_MEMBERSHIP_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -108,4 +108,4 @@ void kolo_elastic_left(struct kolo_elastic *e);
  * training thread did not re-form within hang_ms; it must join again. */
 bool kolo_elastic_take_dropped(struct kolo_elastic *e);
 
-#endif /* KOLO_ELASTIC_INTERNAL_H */
+#endif /* KOLO_ELASTIC_MEMBERSHIP_H */
