@@ -36,6 +36,14 @@ struct kolo_transport_handle {
 _Static_assert(sizeof(struct kolo_transport_handle) == KOLO_TRANSPORT_HANDLE_SIZE,
                "handle size is part of the KV protocol");
 
+/* Byte 4 of every handle, after the magic: the transport that wrote it. The
+ * values are on the wire (the KV), so they never change. */
+enum kolo_handle_kind {
+	KOLO_HANDLE_TCP = 1,
+	KOLO_HANDLE_HYBRID = 'H',
+	KOLO_HANDLE_SHM = 'S',
+};
+
 struct kolo_transport_config {
 	const char *job;      /* job id; connections of another job are refused */
 	int64_t round;        /* round; connections of another round are refused */

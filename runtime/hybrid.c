@@ -13,7 +13,7 @@
 
 struct hybrid_handle {
 	uint32_t magic;
-	uint8_t kind; /* 'H' */
+	uint8_t kind; /* KOLO_HANDLE_HYBRID */
 	uint8_t has_local;
 	uint8_t pad[2];
 	uint8_t net[SUB_HANDLE];
@@ -79,7 +79,7 @@ static kolo_status_t hybrid_listen(struct kolo_transport *t, struct kolo_transpo
 	struct kolo_transport_handle sub;
 	memset(&w, 0, sizeof(w));
 	w.magic = KOLO_TRANSPORT_MAGIC;
-	w.kind = 'H';
+	w.kind = KOLO_HANDLE_HYBRID;
 	kolo_status_t st = h->net->ops->listen(h->net, &sub);
 	if (st != KOLO_OK)
 		return kolo_fail(&t->err, st, "%s", h->net->err.msg);
@@ -124,7 +124,7 @@ static kolo_status_t hybrid_connect(struct kolo_transport *t,
 	struct hybrid *h = hy(t);
 	struct hybrid_handle w;
 	memcpy(&w, peer->bytes, sizeof(w));
-	if (w.magic != KOLO_TRANSPORT_MAGIC || w.kind != 'H')
+	if (w.magic != KOLO_TRANSPORT_MAGIC || w.kind != KOLO_HANDLE_HYBRID)
 		return kolo_fail(&t->err, KOLO_EINVAL, "rank %d's handle is not a kolo handle",
 		                 peer_rank);
 	bool local = is_local(h, peer_rank) && w.has_local;
@@ -330,7 +330,7 @@ kolo_status_t kolo_hybrid_net_handle(const struct kolo_transport_handle *h,
 {
 	struct hybrid_handle w;
 	memcpy(&w, h->bytes, sizeof(w));
-	if (w.magic != KOLO_TRANSPORT_MAGIC || w.kind != 'H')
+	if (w.magic != KOLO_TRANSPORT_MAGIC || w.kind != KOLO_HANDLE_HYBRID)
 		return KOLO_EINVAL;
 	memset(net, 0, sizeof(*net));
 	memcpy(net->bytes, w.net, SUB_HANDLE);

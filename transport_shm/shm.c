@@ -23,7 +23,7 @@
 
 struct handle_wire {
 	uint32_t magic;
-	uint8_t kind; /* 'S' */
+	uint8_t kind; /* KOLO_HANDLE_SHM */
 	uint8_t pad[3];
 	char name[48]; /* abstract socket name, without the leading NUL */
 };
@@ -772,7 +772,7 @@ static kolo_status_t shm_listen(struct kolo_transport *base, struct kolo_transpo
 	struct handle_wire w;
 	memset(&w, 0, sizeof(w));
 	w.magic = KOLO_TRANSPORT_MAGIC;
-	w.kind = 'S';
+	w.kind = KOLO_HANDLE_SHM;
 	memcpy(w.name, t->name, sizeof(w.name));
 	memset(out, 0, sizeof(*out));
 	memcpy(out->bytes, &w, sizeof(w));
@@ -787,7 +787,7 @@ static kolo_status_t shm_connect(struct kolo_transport *base,
 	struct handle_wire w;
 	memcpy(&w, peer->bytes, sizeof(w));
 	w.name[sizeof(w.name) - 1] = '\0';
-	if (w.magic != KOLO_TRANSPORT_MAGIC || w.kind != 'S')
+	if (w.magic != KOLO_TRANSPORT_MAGIC || w.kind != KOLO_HANDLE_SHM)
 		return kolo_fail(&base->err, KOLO_EINVAL, "shm: not a shared-memory handle");
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)

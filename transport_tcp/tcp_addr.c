@@ -15,13 +15,12 @@
 
 /* Handle layout (all other bytes zero):
  *   [0,4)   KOLO_TRANSPORT_MAGIC, little-endian
- *   [4]     TCP_HANDLE_KIND
+ *   [4]     KOLO_HANDLE_TCP
  *   [5]     4 or 6 (address family)
  *   [6,8)   port, network order
  *   [8,24)  address (4 or 16 bytes), network order
  *   [24,28) IPv6 scope id, little-endian
  *   [28,30) port of the liveness probe listener, network order; 0: none */
-#define TCP_HANDLE_KIND 1
 #define TCP_HANDLE_USED 30
 _Static_assert(TCP_HANDLE_USED <= KOLO_TRANSPORT_HANDLE_SIZE, "TCP handle must fit the handle");
 
@@ -30,7 +29,7 @@ void tcp_handle_encode(const struct sockaddr_storage *ss, struct kolo_transport_
 	memset(h, 0, sizeof(*h));
 	uint32_t magic = htole32(KOLO_TRANSPORT_MAGIC);
 	memcpy(h->bytes, &magic, 4);
-	h->bytes[4] = TCP_HANDLE_KIND;
+	h->bytes[4] = KOLO_HANDLE_TCP;
 	if (ss->ss_family == AF_INET6) {
 		const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
 		uint32_t scope = htole32(a->sin6_scope_id);
@@ -64,7 +63,7 @@ kolo_status_t kolo_tcp_handle_decode(const struct kolo_transport_handle *h,
 {
 	uint32_t magic;
 	memcpy(&magic, h->bytes, 4);
-	if (le32toh(magic) != KOLO_TRANSPORT_MAGIC || h->bytes[4] != TCP_HANDLE_KIND)
+	if (le32toh(magic) != KOLO_TRANSPORT_MAGIC || h->bytes[4] != KOLO_HANDLE_TCP)
 		return KOLO_EINVAL;
 	memset(out, 0, sizeof(*out));
 	if (h->bytes[5] == 4) {

@@ -62,7 +62,9 @@ static kolo_status_t tcp_create(const struct kolo_transport_config *cfg,
 	}
 	if (cfg->token_len)
 		memcpy(t->token, cfg->token, cfg->token_len);
-	t->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
+	t->timeout_ms = cfg->timeout_ms > 0
+	                        ? cfg->timeout_ms
+	                        : (int)strtol(kolo_param_info(KOLO_P_TIMEOUT_MS)->def, NULL, 10);
 	t->streams = cfg->streams > 0 ? KOLO_MIN(cfg->streams, KOLO_TCP_MAX_STREAMS) : 0;
 	t->socket_buffer = KOLO_MAX(cfg->socket_buffer, 0);
 	t->probe_ms = KOLO_MAX(cfg->probe_ms, 0);
