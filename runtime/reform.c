@@ -1,7 +1,8 @@
-/* Elastic training in the runtime: the watcher's abort, kolo_reform(), the
- * state API and kolo_elastic_run(). The membership logic below the data
- * plane (arbitration, watcher, SIGTERM, state copies) is in elastic/; this
- * file composes it with the ring, the transport and the fusion engine. */
+/* Elastic training in the runtime: the watcher's abort and kolo_reform()
+ * (the state API and kolo_elastic_run() are in elastic_state.c). The
+ * membership logic below the data plane (arbitration, watcher, SIGTERM,
+ * state copies) is in elastic/; this file composes it with the ring, the
+ * transport and the fusion engine. */
 #include "membership.h"
 #include "fusion.h"
 #include "hybrid.h"
@@ -18,17 +19,7 @@
 
 #define SUBSYS "elastic"
 
-struct kolo_state {
-	struct kolo_comm *comm;
-	struct kolo_elastic_state st;
-	bool announced; /* the last EMEMBERSHIP came from a commit point */
-	bool left;
-};
-
-/* Failures of a collective that a new round cures. ENOTFOUND: a peer's
- * address is gone from the KV (the server restarted); every member then
- * polls past the adopted round, which makes the server form a new one. */
-static bool membership_failure(kolo_status_t st)
+bool kolo_runtime_membership_failure(kolo_status_t st)
 {
 	return st == KOLO_EMEMBERSHIP || st == KOLO_EPEER || st == KOLO_ETIMEDOUT ||
 	       st == KOLO_ECLOSED || st == KOLO_ENOTFOUND;
@@ -119,7 +110,7 @@ void kolo_runtime_elastic_stop(struct kolo_comm *comm)
 
 kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st)
 {
-	if (!comm->elastic || !membership_failure(st))
+	if (!comm->elastic || !kolo_runtime_membership_failure(st))
 		return st;
 	/* Wake every other rank now (their watchers abort their rings), and
 	 * say that we are alive so that nobody reports us. Once per round:
@@ -284,9 +275,7 @@ static kolo_status_t wait_members_answer(struct kolo_comm *comm, uint64_t end_ms
 
 static kolo_status_t reform(struct kolo_comm *comm);
 
-/* Tells the rendezvous this worker leaves: it is dropped from the job at
- * once, and the next round forms without waiting for its lease. */
-static void leave_job(struct kolo_comm *comm, const char *why)
+void kolo_runtime_elastic_leave_job(struct kolo_comm *comm, const char *why)
 {
 	KOLO_INFO(SUBSYS, "leaving the job (%s)", why);
 	kolo_elastic_left(comm->elastic);
@@ -321,7 +310,7 @@ KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm)
 	kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
 	if (st == KOLO_OK || !kolo_elastic_leave_requested())
 		return st;
-	leave_job(comm, "SIGTERM while re-forming");
+	kolo_runtime_elastic_leave_job(comm, "SIGTERM while re-forming");
 	comm->left = true;
 	return kolo_comm_fail(comm, KOLO_ESHUTDOWN,
 	                      "kolo_reform: this worker left the job (SIGTERM while waiting for "
@@ -443,7 +432,7 @@ static kolo_status_t reform(struct kolo_comm *comm)
 			comm->err.msg[0] = '\0';
 			return KOLO_OK;
 		}
-		if (!membership_failure(st) && st != KOLO_ENOTFOUND)
+		if (!kolo_runtime_membership_failure(st) && st != KOLO_ENOTFOUND)
 			return st;
 		/* The new round lost a member while connecting: next one. */
 		KOLO_WARN(SUBSYS, "round %" PRId64 " failed while connecting: %s",
@@ -466,7 +455,7 @@ kolo_status_t kolo_runtime_elastic_connect(struct kolo_comm *comm)
 		return st;
 	int timeout = (int)KOLO_MIN(kolo_param_int(KOLO_P_ELASTIC_TIMEOUT_MS), INT32_MAX);
 	uint64_t end = kolo_now_ms() + (uint64_t)KOLO_MAX(timeout, 0);
-	while (st != KOLO_OK && membership_failure(st)) {
+	while (st != KOLO_OK && kolo_runtime_membership_failure(st)) {
 		/* A member of the first round died while the round connected (a
 		 * kill as the round formed): the others end the round and take
 		 * the next one, and so does this worker, instead of failing. */
@@ -497,186 +486,4 @@ kolo_status_t kolo_runtime_elastic_connect(struct kolo_comm *comm)
 		st = kolo_runtime_data_plane_create(comm);
 	}
 	return st;
-}
-
-/* ---- state ------------------------------------------------------------------ */
-
-static bool engine_running(struct kolo_comm *comm)
-{
-	pthread_mutex_lock(&comm->engine_lock);
-	bool on = comm->engine != NULL;
-	pthread_mutex_unlock(&comm->engine_lock);
-	return on;
-}
-
-/* Collectives of the state API: through the engine once it owns the ring
- * (the training loop uses the async API), else blocking. */
-static kolo_status_t state_max_i32(struct kolo_comm *comm, int32_t *v, size_t n)
-{
-	if (!engine_running(comm))
-		return kolo_allreduce(comm, v, v, n, KOLO_INT32, KOLO_MAX);
-	kolo_handle_t *h = NULL;
-	kolo_status_t st = kolo_allreduce_async(comm, "kolo.elastic.commit", v, v, n, KOLO_INT32,
-	                                        KOLO_MAX, 1.0, 1.0, NULL, NULL, &h);
-	return st == KOLO_OK ? kolo_wait(h) : st;
-}
-
-static kolo_status_t state_bcast(struct kolo_comm *comm, struct kolo_elastic_buf *b)
-{
-	if (!engine_running(comm))
-		return kolo_broadcast(comm, b->buf, b->count, b->dtype, 0);
-	char name[KOLO_ELASTIC_NAME_MAX + 32];
-	snprintf(name, sizeof(name), "kolo.elastic.sync.%s", b->name);
-	kolo_handle_t *h = NULL;
-	kolo_status_t st =
-	        kolo_broadcast_async(comm, name, b->buf, b->count, b->dtype, 0, NULL, NULL, &h);
-	return st == KOLO_OK ? kolo_wait(h) : st;
-}
-
-KOLO_API kolo_status_t kolo_state_create(kolo_comm_t *comm, kolo_state_t **out)
-{
-	if (!out)
-		return KOLO_EINVAL;
-	*out = NULL;
-	if (!comm)
-		return KOLO_EINVAL;
-	struct kolo_state *s = calloc(1, sizeof(*s));
-	if (!s)
-		return kolo_comm_fail(comm, KOLO_ENOMEM, "kolo_state_create: out of memory");
-	s->comm = comm;
-	kolo_elastic_state_init(&s->st);
-	*out = s;
-	return KOLO_OK;
-}
-
-KOLO_API void kolo_state_destroy(kolo_state_t *s)
-{
-	if (!s)
-		return;
-	kolo_elastic_state_fini(&s->st);
-	free(s);
-}
-
-KOLO_API kolo_status_t kolo_state_register(kolo_state_t *s, const char *name, void *buf,
-                                           size_t count, kolo_dtype_t dtype)
-{
-	if (!s)
-		return KOLO_EINVAL;
-	struct kolo_errbuf eb = {{0}};
-	kolo_status_t st = kolo_elastic_state_add(&s->st, name, buf, count, dtype, &eb);
-	if (st != KOLO_OK)
-		return kolo_comm_fail(s->comm, st, "kolo_state_register: %s", eb.msg);
-	return KOLO_OK;
-}
-
-KOLO_API kolo_status_t kolo_state_restore(kolo_state_t *s)
-{
-	if (!s)
-		return KOLO_EINVAL;
-	if (kolo_elastic_state_load(&s->st) != KOLO_OK)
-		return kolo_comm_fail(s->comm, KOLO_EINVAL,
-		                      "kolo_state_restore: nothing committed");
-	return KOLO_OK;
-}
-
-KOLO_API bool kolo_state_left(const kolo_state_t *s)
-{
-	return s && s->left;
-}
-
-KOLO_API kolo_status_t kolo_state_sync(kolo_state_t *s)
-{
-	if (!s)
-		return KOLO_EINVAL;
-	for (size_t i = 0; i < s->st.n; i++) {
-		struct kolo_elastic_buf *b = &s->st.bufs[i];
-		kolo_status_t st = state_bcast(s->comm, b);
-		if (st != KOLO_OK)
-			return st;
-	}
-	kolo_elastic_state_save(&s->st);
-	return KOLO_OK;
-}
-
-/* Leaves the job now: out of the rendezvous, data plane closed. */
-static void leave_now(struct kolo_state *s, const char *why)
-{
-	leave_job(s->comm, why);
-	s->comm->left = true;
-	s->left = true;
-}
-
-KOLO_API kolo_status_t kolo_state_commit(kolo_state_t *s)
-{
-	if (!s)
-		return KOLO_EINVAL;
-	struct kolo_comm *comm = s->comm;
-	kolo_elastic_state_save(&s->st);
-	if (!comm->elastic)
-		return KOLO_OK;
-	struct kolo_rdzv_hb_state hb;
-	kolo_rdzv_heartbeat_state(comm->rdzv, &hb);
-	int64_t round = comm->assignment.round;
-	/* A heartbeat from before this round says nothing about it. */
-	int32_t flags[2] = {
-	        hb.last == KOLO_OK && hb.round == round && hb.pending_change,
-	        kolo_elastic_leave_requested(),
-	};
-	int32_t mine = flags[1];
-	kolo_status_t st = state_max_i32(comm, flags, 2);
-	if (st != KOLO_OK)
-		return st;
-	if (!flags[0] && !flags[1])
-		return KOLO_OK;
-	s->announced = true;
-	comm->change_at_commit = true;
-	if (mine) {
-		leave_now(s, "SIGTERM, at a commit point");
-		return kolo_comm_fail(comm, KOLO_EMEMBERSHIP, "this worker left the job");
-	}
-	return kolo_comm_fail(comm, KOLO_EMEMBERSHIP,
-	                      "membership change at a commit point of round %" PRId64 ": %s", round,
-	                      flags[0] ? "workers wait to join" : "a worker leaves");
-}
-
-KOLO_API kolo_status_t kolo_elastic_run(kolo_comm_t *comm, kolo_state_t *s, kolo_train_fn fn,
-                                        void *arg)
-{
-	if (!comm || !s || !fn || s->comm != comm)
-		return KOLO_EINVAL;
-	int64_t limit = kolo_param_int(KOLO_P_ELASTIC_RESET_LIMIT);
-	int resets = 0;
-	for (;;) {
-		kolo_status_t st = s->left ? KOLO_EMEMBERSHIP : kolo_state_sync(s);
-		if (st == KOLO_OK)
-			st = fn(comm, s, arg);
-		if (st == KOLO_OK)
-			return KOLO_OK;
-		if (s->left)
-			return KOLO_ESHUTDOWN;
-		if (!comm->elastic || !membership_failure(st))
-			return st;
-		if (kolo_elastic_leave_requested()) {
-			/* SIGTERM while blocked: the collective was aborted. */
-			leave_now(s, "SIGTERM, aborted a blocked collective");
-			return KOLO_ESHUTDOWN;
-		}
-		if (!s->announced && kolo_elastic_state_load(&s->st) != KOLO_OK)
-			KOLO_DEBUG(SUBSYS, "nothing committed yet to restore");
-		KOLO_INFO(SUBSYS, "round %" PRId64 ": %s; %s", comm->assignment.round,
-		          comm->err.msg[0] ? comm->err.msg : kolo_strerror(st),
-		          s->announced ? "re-forming" : "restored the last commit, re-forming");
-		s->announced = false;
-		if (limit > 0 && resets >= limit)
-			return kolo_comm_fail(comm, st,
-			                      "kolo_elastic_run: reset limit %" PRId64
-			                      " reached (KOLO_ELASTIC_RESET_LIMIT)",
-			                      limit);
-		resets++;
-		st = kolo_reform(comm);
-		if (st != KOLO_OK) {
-			s->left = comm->left;
-			return st;
-		}
-	}
 }

@@ -92,6 +92,14 @@ void kolo_runtime_set_init_error(const char *fmt, ...) __attribute__((format(pri
  * elastic job the next round (as kolo_reform) when a member of this one was
  * lost while it connected. */
 kolo_status_t kolo_runtime_elastic_connect(struct kolo_comm *comm);
+/* Failures of a collective that a new round cures. ENOTFOUND: a peer's
+ * address is gone from the KV (the server restarted); every member then
+ * polls past the adopted round, which makes the server form a new one. */
+bool kolo_runtime_membership_failure(kolo_status_t st);
+/* Tells the rendezvous this worker leaves: it is dropped from the job at
+ * once, and the next round forms without waiting for its lease; closes the
+ * data plane. */
+void kolo_runtime_elastic_leave_job(struct kolo_comm *comm, const char *why);
 kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm);
 void kolo_runtime_elastic_stop(struct kolo_comm *comm);
 kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st);
