@@ -1,0 +1,317 @@
+/* shm_conn: conns and requests, the data path over the rings, and the
+ * progress pass that drives handshakes, data and deadlines. */
+#include "shm_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* ---- helpers ---- */
+
+static void list_push(struct shm_req_list *l, struct kolo_req *r)
+{
+	r->prev = l->last;
+	r->next = NULL;
+	if (l->last)
+		l->last->next = r;
+	else
+		l->first = r;
+	l->last = r;
+}
+
+static void list_unlink(struct shm_req_list *l, struct kolo_req *r)
+{
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		l->first = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
+	else
+		l->last = r->prev;
+}
+
+static void list_free(struct shm_req_list *l)
+{
+	struct kolo_req *r = l->first;
+	while (r) {
+		struct kolo_req *n = r->next;
+		free(r);
+		r = n;
+	}
+	l->first = l->last = NULL;
+}
+
+void shm_conn_fail(struct shm_conn *c, kolo_status_t st, const char *fmt, ...)
+{
+	if (c->state == SHM_CS_FAILED)
+		return;
+	char msg[KOLO_ERRBUF_SIZE];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	c->state = SHM_CS_FAILED;
+	c->failed = st;
+	kolo_fail(&c->t->base.err, st, "shm conn to rank %d (tag %d): %s", c->base.peer_rank,
+	          c->base.tag, msg);
+}
+
+kolo_status_t shm_conn_add(struct shm_transport *t, int fd, bool acceptor, int peer, int tag,
+                           struct shm_conn **out)
+{
+	struct shm_conn *c = calloc(1, sizeof(*c));
+	if (!c)
+		return KOLO_ENOMEM;
+	c->base.transport = &t->base;
+	c->base.peer_rank = peer;
+	c->base.tag = tag;
+	c->t = t;
+	c->fd = fd;
+	c->acceptor = acceptor;
+	c->state = acceptor ? SHM_CS_ACCEPTOR_WAIT_HELLO : SHM_CS_CONNECTOR_WAIT_NONCE;
+	c->created_ns = c->last_progress_ns = kolo_now_ns();
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = c};
+	if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+		free(c);
+		return KOLO_ESYSTEM;
+	}
+	c->next_conn = t->conns;
+	t->conns = c;
+	*out = c;
+	return KOLO_OK;
+}
+
+void shm_conn_free(struct shm_conn *c)
+{
+	if (c->fd >= 0) {
+		epoll_ctl(c->t->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+		close(c->fd);
+	}
+	if (c->map)
+		munmap(c->map, c->map_len);
+	list_free(&c->sends);
+	list_free(&c->recvs);
+	free(c);
+}
+
+static void conn_unlink(struct shm_transport *t, struct shm_conn *c)
+{
+	for (struct shm_conn **p = &t->conns; *p; p = &(*p)->next_conn) {
+		if (*p == c) {
+			*p = c->next_conn;
+			return;
+		}
+	}
+}
+
+/* ---- data movement ---- */
+
+/* Moves as many bytes as the rings allow. Returns true when anything moved. */
+static bool conn_progress(struct shm_conn *c)
+{
+	bool moved = false;
+	if (c->state != SHM_CS_READY)
+		return false;
+	for (struct kolo_req *r = c->sends.first; r; r = r->next) {
+		if (r->done)
+			continue;
+		if (c->peer_closed) {
+			shm_conn_fail(c, KOLO_EPEER, "peer closed the connection");
+			return moved;
+		}
+		size_t n;
+		while (r->moved < r->len &&
+		       (n = shm_ring_write(c, r->buf + r->moved, r->len - r->moved)) > 0) {
+			r->moved += n;
+			moved = true;
+		}
+		if (r->moved < r->len)
+			break;
+		r->done = true;
+		moved = true;
+	}
+	for (struct kolo_req *r = c->recvs.first; r; r = r->next) {
+		if (r->done)
+			continue;
+		size_t n;
+		while (r->moved < r->len &&
+		       (n = shm_ring_read(c, r->buf + r->moved, r->len - r->moved)) > 0) {
+			r->moved += n;
+			moved = true;
+		}
+		if (r->moved < r->len) {
+			if (c->peer_closed) {
+				shm_conn_fail(c, KOLO_EPEER, "peer closed the connection");
+				return moved;
+			}
+			break;
+		}
+		r->done = true;
+		moved = true;
+	}
+	if (moved)
+		c->last_progress_ns = kolo_now_ns();
+	return moved;
+}
+
+static bool conn_pending(const struct shm_conn *c)
+{
+	for (struct kolo_req *r = c->sends.first; r; r = r->next)
+		if (!r->done)
+			return true;
+	for (struct kolo_req *r = c->recvs.first; r; r = r->next)
+		if (!r->done)
+			return true;
+	return false;
+}
+
+void shm_conn_drain(struct shm_conn *c)
+{
+	char buf[256];
+	for (;;) {
+		ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n > 0)
+			continue;
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+			/* Stop polling a closed socket, or wait() would spin. */
+			c->peer_closed = true;
+			epoll_ctl(c->t->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+		}
+		return;
+	}
+}
+
+static void check_timeout(struct shm_conn *c, uint64_t now)
+{
+	struct shm_transport *t = c->t;
+	uint64_t limit = (uint64_t)t->timeout_ms * 1000000ull;
+	if (t->timeout_ms <= 0 || now < c->last_progress_ns)
+		return;
+	if (c->state == SHM_CS_READY && conn_pending(c) && now - c->last_progress_ns > limit)
+		shm_conn_fail(c, KOLO_ETIMEDOUT, "no progress for %d ms", t->timeout_ms);
+	else if (c->state != SHM_CS_READY && c->state != SHM_CS_FAILED &&
+	         now - c->created_ns > limit)
+		shm_conn_fail(c, KOLO_ETIMEDOUT, "handshake not finished after %d ms",
+		              t->timeout_ms);
+}
+
+bool shm_progress(struct shm_transport *t)
+{
+	bool any = false;
+	shm_accept_new(t);
+	uint64_t now = kolo_now_ns();
+	struct shm_conn **p = &t->conns;
+	while (*p) {
+		struct shm_conn *c = *p;
+		if (c->state == SHM_CS_ACCEPTOR_WAIT_HELLO)
+			shm_acceptor_step(c);
+		else if (c->state == SHM_CS_CONNECTOR_WAIT_NONCE ||
+		         c->state == SHM_CS_CONNECTOR_WAIT_VERDICT)
+			shm_connector_step(c);
+		/* Unclaimed handshakes that failed are strays: drop them. */
+		if (c->acceptor && !c->claimed && c->state == SHM_CS_FAILED) {
+			*p = c->next_conn;
+			shm_conn_free(c);
+			continue;
+		}
+		if (c->state == SHM_CS_READY && conn_progress(c))
+			any = true;
+		check_timeout(c, now);
+		p = &c->next_conn;
+	}
+	return any;
+}
+
+/* ---- requests ---- */
+
+static kolo_status_t post(struct kolo_conn *base, void *buf, size_t len, bool send,
+                          struct kolo_req **out)
+{
+	struct shm_conn *c = shm_cn(base);
+	int ab = atomic_load(&c->t->abort_status);
+	if (ab != KOLO_OK)
+		return (kolo_status_t)ab;
+	if (c->state == SHM_CS_FAILED)
+		return c->failed;
+	struct kolo_req *r = calloc(1, sizeof(*r));
+	if (!r)
+		return KOLO_ENOMEM;
+	r->c = c;
+	r->send = send;
+	r->buf = buf;
+	r->len = len;
+	if (len == 0) {
+		/* The rings carry a byte stream; a zero-length message must still
+		 * synchronise (a barrier is made of them), so it travels as one
+		 * byte on both sides (lengths match by contract). */
+		r->buf = &r->zero;
+		r->len = 1;
+	}
+	if (!conn_pending(c))
+		c->last_progress_ns = kolo_now_ns();
+	list_push(send ? &c->sends : &c->recvs, r);
+	*out = r;
+	return KOLO_OK;
+}
+
+kolo_status_t shm_isend(struct kolo_conn *c, const void *buf, size_t len, struct kolo_req **out)
+{
+	return post(c, (void *)buf, len, true, out);
+}
+
+kolo_status_t shm_irecv(struct kolo_conn *c, void *buf, size_t len, struct kolo_req **out)
+{
+	return post(c, buf, len, false, out);
+}
+
+static void req_release(struct kolo_req *r)
+{
+	list_unlink(r->send ? &r->c->sends : &r->c->recvs, r);
+	free(r);
+}
+
+kolo_status_t shm_test(struct kolo_req *r, bool *done)
+{
+	struct shm_conn *c = r->c;
+	struct shm_transport *t = c->t;
+	*done = false;
+	int ab = atomic_load(&t->abort_status);
+	if (ab != KOLO_OK) {
+		req_release(r);
+		return (kolo_status_t)ab;
+	}
+	if (!r->done) {
+		if (c->state == SHM_CS_READY)
+			conn_progress(c);
+		else
+			shm_progress(t);
+	}
+	if (r->done) {
+		*done = true;
+		req_release(r);
+		return KOLO_OK;
+	}
+	if (c->state == SHM_CS_FAILED) {
+		kolo_status_t st = c->failed;
+		req_release(r);
+		return st;
+	}
+	check_timeout(c, kolo_now_ns());
+	return KOLO_OK;
+}
+
+void shm_close(struct kolo_conn *base)
+{
+	if (!base)
+		return;
+	struct shm_conn *c = shm_cn(base);
+	conn_unlink(c->t, c);
+	shm_conn_free(c);
+}

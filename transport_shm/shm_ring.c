@@ -1,0 +1,96 @@
+/* shm_ring: the two single-producer/single-consumer byte rings of a conn,
+ * in one memfd mapping behind a header page of counters. */
+#include "shm_internal.h"
+
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define PUBLISH_BYTES (256u << 10) /* publish progress at least this often */
+
+#define SEG_HEADER 4096u
+/* rings[0] carries connector → acceptor, rings[1] acceptor → connector. */
+struct seg_header {
+	struct shm_ring_ctl rings[2];
+};
+_Static_assert(sizeof(struct seg_header) <= SEG_HEADER, "header fits its page");
+
+kolo_status_t shm_ring_map(struct shm_conn *c, int memfd, size_t ring_bytes, bool create)
+{
+	size_t len = SEG_HEADER + 2 * ring_bytes;
+	if (create && ftruncate(memfd, (off_t)len) != 0)
+		return KOLO_ESYSTEM;
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (p == MAP_FAILED)
+		return KOLO_ENOMEM;
+	c->map = p;
+	c->map_len = len;
+	c->ring_bytes = ring_bytes;
+	struct seg_header *h = p;
+	uint8_t *d0 = (uint8_t *)p + SEG_HEADER, *d1 = d0 + ring_bytes;
+	if (create) {
+		for (int i = 0; i < 2; i++) {
+			atomic_init(&h->rings[i].head, 0);
+			atomic_init(&h->rings[i].tail, 0);
+			atomic_init(&h->rings[i].consumer_waiting, 0);
+			atomic_init(&h->rings[i].producer_waiting, 0);
+		}
+	}
+	if (c->acceptor) {
+		c->rx = &h->rings[0];
+		c->rxdata = d0;
+		c->tx = &h->rings[1];
+		c->txdata = d1;
+	} else {
+		c->tx = &h->rings[0];
+		c->txdata = d0;
+		c->rx = &h->rings[1];
+		c->rxdata = d1;
+	}
+	return KOLO_OK;
+}
+
+static void wake_peer(struct shm_conn *c)
+{
+	static const char b = 'w';
+	ssize_t n = send(c->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+	(void)n; /* a full socket buffer already holds a wake-up */
+}
+
+size_t shm_ring_write(struct shm_conn *c, const uint8_t *src, size_t len)
+{
+	uint64_t head = atomic_load_explicit(&c->tx->head, memory_order_relaxed);
+	uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
+	size_t space = c->ring_bytes - (size_t)(head - tail);
+	size_t n = KOLO_MIN(space, len);
+	n = KOLO_MIN(n, (size_t)PUBLISH_BYTES);
+	if (n == 0)
+		return 0;
+	size_t off = (size_t)(head % c->ring_bytes);
+	size_t first = KOLO_MIN(n, c->ring_bytes - off);
+	memcpy(c->txdata + off, src, first);
+	memcpy(c->txdata, src + first, n - first);
+	atomic_store_explicit(&c->tx->head, head + n, memory_order_seq_cst);
+	if (atomic_load_explicit(&c->tx->consumer_waiting, memory_order_seq_cst))
+		wake_peer(c);
+	return n;
+}
+
+size_t shm_ring_read(struct shm_conn *c, uint8_t *dst, size_t len)
+{
+	uint64_t tail = atomic_load_explicit(&c->rx->tail, memory_order_relaxed);
+	uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_acquire);
+	size_t n = KOLO_MIN((size_t)(head - tail), len);
+	n = KOLO_MIN(n, (size_t)PUBLISH_BYTES);
+	if (n == 0)
+		return 0;
+	size_t off = (size_t)(tail % c->ring_bytes);
+	size_t first = KOLO_MIN(n, c->ring_bytes - off);
+	memcpy(dst, c->rxdata + off, first);
+	memcpy(dst + first, c->rxdata, n - first);
+	atomic_store_explicit(&c->rx->tail, tail + n, memory_order_seq_cst);
+	if (atomic_load_explicit(&c->rx->producer_waiting, memory_order_seq_cst))
+		wake_peer(c);
+	return n;
+}
