@@ -26,5 +26,5 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1 supp
 run build "" "$@"
 if [ "$all" = 1 ]; then
 	run build-asan address -LE nosan "$@"
-	run build-tsan thread -LE nosan "$@"
+	run build-tsan thread -LE "nosan|notsan" "$@"
 fi
