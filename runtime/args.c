@@ -130,17 +130,26 @@ kolo_status_t kolo_args_name(struct kolo_comm *comm, const char *coll, const cha
 
 /* ---- one function per collective: the checks both paths share ---------- */
 
-kolo_status_t kolo_args_allreduce(struct kolo_comm *comm, const void *sendbuf, const void *recvbuf,
-                                  size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
-                                  double postscale)
+/* What every reduction checks: comm, dtype, op, scales, the byte count of
+ * count elements and the send buffer. */
+static kolo_status_t check_reduction(struct kolo_comm *comm, const char *coll, const void *sendbuf,
+                                     size_t count, kolo_dtype_t dtype, kolo_op_t op,
+                                     double prescale, double postscale)
 {
-	static const char coll[] = "allreduce";
 	KOLO_CHECK(kolo_args_comm(comm, coll));
 	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
 	KOLO_CHECK(check_op(comm, coll, op));
 	KOLO_CHECK(check_scales(comm, coll, prescale, postscale));
 	KOLO_CHECK(kolo_args_elements(comm, coll, count, 1, dtype, NULL));
-	KOLO_CHECK(kolo_args_buf(comm, coll, "sendbuf", sendbuf, count));
+	return kolo_args_buf(comm, coll, "sendbuf", sendbuf, count);
+}
+
+kolo_status_t kolo_args_allreduce(struct kolo_comm *comm, const void *sendbuf, const void *recvbuf,
+                                  size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                  double postscale)
+{
+	static const char coll[] = "allreduce";
+	KOLO_CHECK(check_reduction(comm, coll, sendbuf, count, dtype, op, prescale, postscale));
 	return kolo_args_buf(comm, coll, "recvbuf", recvbuf, count);
 }
 
@@ -149,12 +158,7 @@ kolo_status_t kolo_args_reducescatter(struct kolo_comm *comm, const void *sendbu
                                       kolo_op_t op, double prescale, double postscale)
 {
 	static const char coll[] = "reducescatter";
-	KOLO_CHECK(kolo_args_comm(comm, coll));
-	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
-	KOLO_CHECK(check_op(comm, coll, op));
-	KOLO_CHECK(check_scales(comm, coll, prescale, postscale));
-	KOLO_CHECK(kolo_args_elements(comm, coll, count, 1, dtype, NULL));
-	KOLO_CHECK(kolo_args_buf(comm, coll, "sendbuf", sendbuf, count));
+	KOLO_CHECK(check_reduction(comm, coll, sendbuf, count, dtype, op, prescale, postscale));
 	return kolo_args_buf(
 	        comm, coll, "recvbuf", recvbuf,
 	        kolo_reducescatter_count(count, comm->assignment.size, comm->assignment.rank));
