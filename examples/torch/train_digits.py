@@ -60,20 +60,31 @@ class Parser(argparse.ArgumentParser):
         sys.exit(64)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = Parser(description=__doc__.split("\n\n")[0])
+def add_training_args(p: argparse.ArgumentParser, lr_note: str) -> None:
+    """The options this example and its elastic variant share; lr_note ends --lr's help."""
     p.add_argument("--epochs", type=int, default=10, help="passes over the data (default 10)")
     p.add_argument("--batch-size", type=int, default=32,
                    help="samples per rank and step (default 32)")
     p.add_argument("--lr", type=float, default=0.05,
                    help="learning rate of one rank's batch; the optimizer uses lr * size, "
-                        "as Horovod recommends (default 0.05)")
+                        f"{lr_note} (default 0.05)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--target", type=float, default=0.9,
                    help="test accuracy the run must reach (default 0.90)")
     p.add_argument("--seed", type=int, default=1, help="model and shuffling seed (default 1)")
     p.add_argument("--data", choices=["auto", "digits", "synthetic"], default="auto",
                    help="auto: the digits file when present, else synthetic (default)")
+
+
+def check_training_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Refuses the shared options' bad values with exit 64 (p.error)."""
+    if a.epochs < 1 or a.batch_size < 1 or not a.lr > 0 or not 0 <= a.target <= 1:
+        p.error("--epochs and --batch-size must be >= 1, --lr > 0, 0 <= --target <= 1")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = Parser(description=__doc__.split("\n\n")[0])
+    add_training_args(p, "as Horovod recommends")
     p.add_argument("--no-broadcast", action="store_true",
                    help="skip the initial broadcast of the parameters and optimizer state "
                         "(each rank keeps its own random start: the replicas then differ, "
@@ -81,8 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save", metavar="PATH",
                    help="rank 0 saves the trained model's state_dict to PATH (torch.save)")
     a = p.parse_args(argv)
-    if a.epochs < 1 or a.batch_size < 1 or not a.lr > 0 or not 0 <= a.target <= 1:
-        p.error("--epochs and --batch-size must be >= 1, --lr > 0, 0 <= --target <= 1")
+    check_training_args(p, a)
     return a
 
 

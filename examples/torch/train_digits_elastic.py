@@ -66,18 +66,7 @@ POLL_S = 0.02  # pause between two polls of the commit point while holding
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = plain.Parser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=10, help="passes over the data (default 10)")
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="samples per rank and step (default 32)")
-    p.add_argument("--lr", type=float, default=0.05,
-                   help="learning rate of one rank's batch; the optimizer uses lr * size, "
-                        "set again after every re-form (default 0.05)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    p.add_argument("--target", type=float, default=0.9,
-                   help="test accuracy the run must reach (default 0.90)")
-    p.add_argument("--seed", type=int, default=1, help="model and shuffling seed (default 1)")
-    p.add_argument("--data", choices=["auto", "digits", "synthetic"], default="auto",
-                   help="auto: the digits file when present, else synthetic (default)")
+    plain.add_training_args(p, "set again after every re-form")
     p.add_argument("--hold-for-size", type=int, default=0, metavar="K",
                    help="while the job has fewer than K workers, wait at the next commit "
                         "point for workers to join (at most --hold-s; default 0: never)")
@@ -90,8 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save", metavar="PATH",
                    help="rank 0 saves the trained model's state_dict to PATH (torch.save)")
     a = p.parse_args(argv)
-    if a.epochs < 1 or a.batch_size < 1 or not a.lr > 0 or not 0 <= a.target <= 1:
-        p.error("--epochs and --batch-size must be >= 1, --lr > 0, 0 <= --target <= 1")
+    plain.check_training_args(p, a)
     if a.hold_for_size < 0 or a.hold_s < 0 or a.slow_ms < 0:
         p.error("--hold-for-size, --hold-s and --slow-ms must be >= 0")
     return a
