@@ -9,16 +9,21 @@
 #                                      ring (KOLO_SMALL_ALLREDUCE_BYTES=0) vs small-message
 #   bench/netns/run.sh peers [RATE [gloo|mpi|lat]] 4 hosts x 1 rank at RATE: Gloo (ring_chunked), Open MPI
 #                                      (TCP BTL on eth0) allreduce float32 1 MiB..256 MiB, and
-#                                      the 8-byte latency of both on unshaped hosts; needs the
-#                                      peer benchmarks of $PEERS (gloo_bench.cc, mpi_bench)
+#                                      the 8-byte latency of both on unshaped hosts
+#   bench/netns/run.sh wire [RATE [ROUNDS [MIN MAX [FACTOR]]]]
+#                                      4 hosts x 1 rank at RATE (default 1000): kolo and Gloo
+#                                      ring_chunked interleaved ROUNDS times (default 3) over
+#                                      MIN..MAX (default 1M 256M, x4), checked; busbw/link and
+#                                      kolo/Gloo per size and round, and their medians
 #   bench/netns/run.sh job H L RATE [VAR=VALUE...] -- kolo-bench ARGS...
 #                                      any kolo-bench run on H hosts x L ranks (RATE 0: unshaped)
 #
 # Elastic recovery from a vanished host, a partition and a stopped rank: bench/netns/vanish.py.
 #
 # Environment: KOLO_BIN (folder with kolorun, kolo-rendezvous, kolo-bench; default
-# build/bin), OUT (folder for the raw outputs; default a new one under /tmp). Every run
-# prints rank 0's kolo-bench table and the load average at its start.
+# build/bin), PEERS_BIN (where the peer benchmarks of bench/peers are built, with its Makefile,
+# for peers and wire; default KOLO_BIN/../peers), OUT (folder for the raw outputs; default a
+# new one under /tmp). Every run prints rank 0's table and the load average at its start.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -100,13 +105,81 @@ job() {
 }
 
 # ratio RATE [COLUMN]: appends busbw / link rate to a table whose busbw (GB/s) is in COLUMN
-# (kolo-bench: 8; the peer benchmarks: 7).
+# (8: kolo-bench and the peer benchmarks print the same columns).
 ratio() {
 	awk -v col="${2:-8}" -v link="$(awk -v r="$1" 'BEGIN {print r * 1e6 / 8 / 1e9}')" '
 		/^#/ && /busbw/ {print $0 "  busbw/link"; next}
 		/^#/ {print; next}
 		NF >= 9 {printf "%s  %10.3f\n", $0, $col / link; next}
 		{print}'
+}
+
+# The peer benchmarks (bench/peers), built on demand: peers_build gloo|mpi...
+peers=${PEERS_BIN:-$(dirname "$bin")/peers}
+peers_build() {
+	local p
+	for p in "$@"; do
+		case "$p" in
+		gloo) [ -f /usr/include/gloo/allreduce_ring_chunked.h ] || {
+			echo "no Gloo: apt-get install -y libgloo-dev" >&2
+			exit 2
+		} ;;
+		mpi) command -v mpicc >/dev/null && command -v mpirun >/dev/null || {
+			echo "no Open MPI: apt-get install -y openmpi-bin libopenmpi-dev" >&2
+			exit 2
+		} ;;
+		esac
+		make -s -C "$root/bench/peers" O="$peers" "$p" >>"$out/peers-build.log" 2>&1 || {
+			echo "bench/peers: $p does not build (see $out/peers-build.log)" >&2
+			exit 1
+		}
+	done
+}
+
+# gloo NAME ARGS...: gloo_bench, one rank per host of the 4 current hosts (GLOO_RANK,
+# GLOO_ADDR; the FileStore folder is shared: namespaces share the file system). Prints rank
+# 0's output; returns 1 if a rank failed.
+gloo() {
+	local name=$1 h gp=() rc=0
+	shift
+	rm -rf "$out/gstore"
+	mkdir -p "$out/gstore"
+	echo "## $name: 4 hosts x 1 rank; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+	for ((h = 0; h < 4; h++)); do
+		"$netns" --prefix "$prefix" exec "$h" env GLOO_RANK=$h GLOO_SIZE=4 \
+			GLOO_DIR="$out/gstore" GLOO_ADDR="$("$netns" --prefix "$prefix" addr "$h")" \
+			timeout -k 5 900 "$peers/gloo_bench" "$@" >"$out/$name.h$h" 2>&1 </dev/null &
+		gp+=($!)
+	done
+	for p in "${gp[@]}"; do
+		wait "$p" || rc=1
+	done
+	[ "$rc" = 0 ] || echo "## $name: a rank failed (see $out/$name.h*)"
+	cat "$out/$name.h0"
+	return "$rc"
+}
+
+# mpi NAME ARGS...: mpi_bench on the 4 current hosts, one rank per host. mpirun runs on the
+# bridge, where every host reaches its PMIx server (PMIx's client-server link is TCP; the
+# hosts cannot reach the root namespace's loopback), and each rank enters its host's
+# namespace through a wrapper; the BTL talks over eth0.
+mpi() {
+	local name=$1
+	shift
+	cat >"$out/mpi_ns.sh" <<SH
+#!/bin/sh
+exec ip netns exec $prefix-h\$OMPI_COMM_WORLD_RANK "\$@"
+SH
+	chmod +x "$out/mpi_ns.sh"
+	echo "## $name: 4 hosts x 1 rank; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+	ip netns exec "$prefix-br" env PMIX_MCA_ptl_tcp_if_include=br0 \
+		PMIX_MCA_ptl_tcp_remote_connections=1 timeout -k 5 900 mpirun --allow-run-as-root \
+		--oversubscribe -np 4 -x PMIX_MCA_ptl_tcp_if_include \
+		-x PMIX_MCA_ptl_tcp_remote_connections --mca btl "tcp,self" \
+		--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include br0 \
+		"$out/mpi_ns.sh" "$peers/mpi_bench" "$@" >"$out/$name.out" 2>&1 </dev/null ||
+		echo "## $name: mpirun failed (see $out/$name.out)"
+	grep -v '^\[' "$out/$name.out" | sed -n 1,40p
 }
 
 sub=${1:-}
@@ -139,71 +212,114 @@ small)
 	;;
 peers)
 	rate=${1:-1000}
-	peers=${PEERS:-/work/peers}
-	[ -f "$peers/gloo_bench.cc" ] && [ -x "$peers/mpi_bench" ] || {
-		echo "no peer benchmarks in $peers" >&2
-		exit 2
-	}
-	# gloo_bench forks its ranks on 127.0.0.1; this copy runs one rank per host instead
-	# (GLOO_RANK, GLOO_ADDR; the FileStore directory is shared: namespaces share the file
-	# system).
-	python3 - "$peers/gloo_bench.cc" "$out/gloo_bench_ns.cc" <<'PY'
-import sys
-s = open(sys.argv[1]).read()
-s = s.replace('attr.hostname = "127.0.0.1";',
-              'attr.hostname = getenv("GLOO_ADDR") ? getenv("GLOO_ADDR") : "127.0.0.1";')
-s = s.replace('	char tmpl[] = "/tmp/gloo_bench.XXXXXX";',
-              '	if (getenv("GLOO_RANK"))\n'
-              '		return rank_main(o, atoi(getenv("GLOO_RANK")), getenv("GLOO_DIR"));\n'
-              '	char tmpl[] = "/tmp/gloo_bench.XXXXXX";', 1)
-open(sys.argv[2], "w").write(s)
-PY
-	g++ -O3 -std=c++17 -o "$out/gloo_bench_ns" "$out/gloo_bench_ns.cc" -lgloo -lpthread
-	# Open MPI: every rank enters its host's namespace; the BTL talks over eth0.
-	cat >"$out/mpi_ns.sh" <<SH
-#!/bin/sh
-exec ip netns exec $prefix-h\$OMPI_COMM_WORLD_RANK "\$@"
-SH
-	chmod +x "$out/mpi_ns.sh"
-	gloo() { # gloo NAME ARGS...: one gloo rank per host
-		local name=$1 h gp=()
-		shift
-		rm -rf "$out/gstore"
-		mkdir -p "$out/gstore"
-		echo "## $name: 4 hosts x 1 rank; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-		for ((h = 0; h < 4; h++)); do
-			"$netns" --prefix "$prefix" exec "$h" env GLOO_RANK=$h GLOO_DIR="$out/gstore" \
-				GLOO_ADDR="$("$netns" --prefix "$prefix" addr "$h")" \
-				timeout -k 5 900 "$out/gloo_bench_ns" -np 4 "$@" >"$out/$name.h$h" 2>&1 &
-			gp+=($!)
-		done
-		for p in "${gp[@]}"; do wait "$p" || echo "## $name: a rank failed (see $out/$name.h*)"; done
-		cat "$out/$name.h0"
-	}
-	mpi() { # mpi NAME ARGS...
-		local name=$1
-		shift
-		echo "## $name: 4 hosts x 1 rank; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-		# mpirun runs on the bridge, where every host reaches its PMIx server (PMIx's
-		# client-server link is TCP; the hosts cannot reach the root namespace's loopback).
-		ip netns exec "$prefix-br" env PMIX_MCA_ptl_tcp_if_include=br0 \
-			PMIX_MCA_ptl_tcp_remote_connections=1 timeout -k 5 900 mpirun --allow-run-as-root \
-			--oversubscribe -np 4 -x PMIX_MCA_ptl_tcp_if_include \
-			-x PMIX_MCA_ptl_tcp_remote_connections --mca btl tcp,self \
-			--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include br0 \
-			"$out/mpi_ns.sh" "$peers/mpi_bench" "$@" >"$out/$name.out" 2>&1 ||
-			echo "## $name: mpirun failed (see $out/$name.out)"
-		grep -v '^\[' "$out/$name.out" | sed -n 1,40p
-	}
 	which=${2:-all} # all, gloo, mpi, or lat (only the 8-byte latency of both)
+	case "$which" in
+	all | lat) peers_build gloo mpi ;;
+	gloo | mpi) peers_build "$which" ;;
+	*) echo "peers: all, gloo, mpi or lat" >&2; exit 2 ;;
+	esac
 	if [ "$which" != lat ]; then
 		hosts 4 "$rate"
-		[ "$which" = mpi ] || gloo gloo_busbw -b 1M -e 256M -f 2 --algo ring_chunked | ratio "$rate" 7
-		[ "$which" = gloo ] || mpi mpi_busbw -b 1M -e 256M -f 2 | ratio "$rate" 7
+		[ "$which" = mpi ] || { gloo gloo_busbw -b 1M -e 256M -f 2 --algo ring_chunked \
+			--check --cpu || true; } | ratio "$rate"
+		[ "$which" = gloo ] || mpi mpi_busbw -b 1M -e 256M -f 2 --check --cpu | ratio "$rate"
 	fi
 	hosts 4 0
-	[ "$which" = mpi ] || gloo gloo_lat --algo ring_chunked -b 8 -e 8 --iters 2000 --warmup 200
-	[ "$which" = gloo ] || mpi mpi_lat -b 8 -e 8 --iters 2000 --warmup 200
+	[ "$which" = mpi ] || gloo gloo_lat --algo ring_chunked -b 8 -e 8 --iters 2000 \
+		--warmup 200 --check || true
+	[ "$which" = gloo ] || mpi mpi_lat -b 8 -e 8 --iters 2000 --warmup 200 --check
+	;;
+wire)
+	rate=${1:-1000} rounds=${2:-3} wmin=${3:-1M} wmax=${4:-256M} wfac=${5:-4}
+	[ "$rate" -gt 0 ] && [ "$rounds" -gt 0 ] || { echo "wire: RATE and ROUNDS > 0" >&2; exit 2; }
+	peers_build gloo
+	hosts 4 "$rate"
+	sweep=(-b "$wmin" -e "$wmax" -f "$wfac" --check --json)
+	: >"$out/wire.tsv"
+	wire_failed=0
+	wire_kolo() {
+		job "wire_kolo_r$1" 4 1 -- allreduce "${sweep[@]}" >"$out/wire_kolo_r$1.txt" || true
+		grep '^##' "$out/wire_kolo_r$1.txt" || true
+		grep -q 'exited' "$out/wire_kolo_r$1.txt" && wire_failed=1
+		grep -o '{.*}' "$out/wire_kolo_r$1.txt" | sed "s/^/$1\tkolo\t/" >>"$out/wire.tsv" || true
+	}
+	wire_gloo() {
+		gloo "wire_gloo_r$1" --algo ring_chunked "${sweep[@]}" >"$out/wire_gloo_r$1.txt" ||
+			wire_failed=1
+		grep '^##' "$out/wire_gloo_r$1.txt" || true
+		grep -o '{.*}' "$out/wire_gloo_r$1.txt" | sed "s/^/$1\tgloo\t/" >>"$out/wire.tsv" || true
+	}
+	for ((r = 1; r <= rounds; r++)); do
+		# alternate which goes first, so that a drift of the load favours neither
+		if [ $((r % 2)) = 1 ]; then
+			wire_kolo "$r"
+			wire_gloo "$r"
+		else
+			wire_gloo "$r"
+			wire_kolo "$r"
+		fi
+	done
+	/usr/bin/python3 - "$out/wire.tsv" "$rate" "$rounds" <<'PY' || wire_failed=1
+import collections, json, statistics, sys
+
+rows = collections.defaultdict(dict)  # (round, bytes) -> impl -> row
+for line in open(sys.argv[1]):
+    rnd, impl, js = line.rstrip("\n").split("\t", 2)
+    j = json.loads(js)
+    rows[(int(rnd), j["bytes"])][impl] = j
+rate, rounds = float(sys.argv[2]), int(sys.argv[3])
+link = rate * 1e6 / 8 / 1e9
+sizes = sorted({b for (_, b) in rows})
+
+def mib(b):
+    return "%g MiB" % (b / 2**20) if b >= 2**20 else "%d B" % b
+
+print("## wire: 4 hosts x 1 rank at %g Mbit/s (link %.4f GB/s); busbw GB/s (busbw/link)" % (rate, link))
+print("  %5s %9s %18s %18s %10s" % ("round", "size", "kolo", "Gloo ring_chunked", "kolo/Gloo"))
+ratios = collections.defaultdict(list)
+bw = collections.defaultdict(list)
+bad = 0
+for r in range(1, rounds + 1):
+    for b in sizes:
+        d = rows.get((r, b), {})
+        k, g = d.get("kolo"), d.get("gloo")
+        for impl, j in d.items():
+            bw[(impl, b)].append(j["busbw_gbps"])
+            if j.get("wrong") != 0:
+                print("## WRONG: round %d, %s, %d bytes: wrong = %s" % (r, impl, b, j.get("wrong")))
+                bad = 1
+        cell = lambda j: "%8.4f (%5.3f)" % (j["busbw_gbps"], j["busbw_gbps"] / link) if j else "%18s" % "-"
+        ratio = ""
+        if k and g and g["busbw_gbps"] > 0:
+            ratios[b].append(k["busbw_gbps"] / g["busbw_gbps"])
+            ratio = "%10.3f" % ratios[b][-1]
+        print("  %5d %9s %s %s %s" % (r, mib(b), cell(k), cell(g), ratio))
+print("## medians over %d round(s)" % rounds)
+print("  %9s %18s %18s %10s   %s" % ("size", "kolo", "Gloo ring_chunked", "kolo/Gloo", "per round"))
+for b in sizes:
+    k = statistics.median(bw[("kolo", b)]) if bw[("kolo", b)] else float("nan")
+    g = statistics.median(bw[("gloo", b)]) if bw[("gloo", b)] else float("nan")
+    rs = ratios[b]
+    print("  %9s %8.4f (%5.3f) %8.4f (%5.3f) %10s   %s" % (
+        mib(b), k, k / link, g, g / link, "%.3f" % statistics.median(rs) if rs else "-",
+        " ".join("%.3f" % x for x in rs)))
+allr = [(x, b) for b in sizes for x in ratios[b]]
+if allr:
+    lo = min(allr)
+    every = sum(1 for b in sizes if ratios[b] and min(ratios[b]) >= 1.0)
+    print("## kolo/Gloo: lowest %.3f (%s); kolo >= Gloo in every round at %d of %d sizes" % (
+        lo[0], mib(lo[1]), every, len(sizes)))
+    if 64 * 2**20 in ratios:
+        rs = ratios[64 * 2**20]
+        print("## 64 MiB: kolo/Gloo %s, median %.3f (targets: >= 1.0 at 1000 Mbit/s, >= 1.3 at "
+              "10000 Mbit/s)" % (" ".join("%.3f" % x for x in rs), statistics.median(rs)))
+sys.exit(bad)
+PY
+	[ "$wire_failed" = 0 ] || {
+		echo "## wire: a run failed or reported wrong elements (see $out)"
+		echo "## raw outputs: $out"
+		exit 1
+	}
 	;;
 job)
 	H=$1 L=$2 rate=$3
@@ -212,7 +328,7 @@ job)
 	job custom "$H" "$L" "$@"
 	;;
 *)
-	sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac
