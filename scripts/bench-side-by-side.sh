@@ -121,7 +121,7 @@ else
 fi
 
 mpirun_=(mpirun --allow-run-as-root --oversubscribe)
-mpi_tcp=(--mca btl tcp,self --mca btl_tcp_if_include lo)
+mpi_tcp=(--mca btl "tcp,self" --mca btl_tcp_if_include lo)
 
 # bytes SIZE: "64M" -> 67108864
 bytes() {
@@ -207,10 +207,8 @@ for line in open(results):
     rnd, n, name, js = line.rstrip("\n").split("\t", 3)
     rows.append((int(rnd), int(n), name, json.loads(js)))
 bad = [r for r in rows if r[3].get("wrong") != 0]
-order = []
-for r in rows:
-    if r[2] not in order:
-        order.append(r[2])
+order = ["kolo_tcp", "kolo_tcp_oop", "kolo", "gloo", "gloo_default", "mpi_tcp", "mpi_tcp_oop",
+         "mpi"]
 
 def size(b):
     for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -250,7 +248,7 @@ if mode == "round":
     by = table(sel)
     for (n, b) in sorted(by):
         d = by[(n, b)]
-        rat = ["%s / %s = %.2f" % (short[a], short[c], speed(d[a], d[c], b))
+        rat = ["%s / %s = %.3g" % (short[a], short[c], speed(d[a], d[c], b))
                for a, c in pairs if a in d and c in d]
         if rat:
             print("  round %d, %d ranks, %s (%s): %s" % (want, n, size(b),
@@ -282,8 +280,8 @@ else:
                 if ja and jc:
                     per.append(speed(ja[0], jc[0], b))
             if per:
-                print("  %d ranks, %s: %s / %s = %s (median %.2f)" % (n, size(b), short[a], short[c],
-                      " ".join("%.2f" % p for p in per), statistics.median(per)))
+                print("  %d ranks, %s: %s / %s = %s (median %.3g)" % (n, size(b), short[a], short[c],
+                      " ".join("%.3g" % p for p in per), statistics.median(per)))
 if mode == "round":
     bad = [r for r in bad if r[0] == want]
 if bad:
