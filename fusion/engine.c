@@ -75,6 +75,7 @@ void fusion_engine_complete(struct kolo_engine *e, struct fusion_queued_op *o, k
 	if (st != KOLO_OK)
 		KOLO_DEBUG(SUBSYS, "'%s' failed: %s: %s", o->name, kolo_status_name(st),
 		           msg ? msg : "");
+	fusion_engine_metrics_done(e, o, st);
 	if (o->op.cb)
 		o->op.cb(o->op.cb_arg, st);
 	if (o->h)
@@ -143,6 +144,7 @@ static void stall_inspect(struct kolo_engine *e, uint64_t now)
 			        "%zu operation(s) waiting for more than %g s: some ranks have not "
 			        "enqueued them. Missing ranks: %s",
 			        cnt, e->cfg.stall_check_s, rep);
+			kolo_metrics_fusion_stall();
 			if (e->cfg.stall_hook)
 				e->cfg.stall_hook(e->cfg.stall_hook_arg, rep);
 			e->last_stall_warn_ns = now;
@@ -242,6 +244,7 @@ static kolo_status_t run_cycle(struct kolo_engine *e, bool shutdown, bool *stop,
 		goto out;
 	}
 	e->cycles++;
+	kolo_metrics_fusion_cycle(c.cache_hits);
 	e->others_pending = c.pending;
 	fusion_engine_tl_cycle(e, &c);
 	if (c.has_params) {

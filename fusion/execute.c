@@ -260,6 +260,7 @@ static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, siz
 		total += b[i]->bytes;
 		nent += b[i]->nent;
 	}
+	kolo_metrics_fusion_batch(nent, total, e->threshold);
 	bool tl = fusion_engine_tl_on(e);
 	if (tl)
 		for (size_t i = 0; i < nb; i++)

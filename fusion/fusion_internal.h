@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "fusion.h"
+#include "metrics.h"
 
 /* ---- growing arrays ------------------------------------------------------ */
 
@@ -373,6 +374,7 @@ struct fusion_queued_op {
 	void **recvbufs;
 	size_t *gcounts;
 	kolo_handle_t *h;
+	uint64_t enqueued_ns; /* kolo_now_ns() at enqueue, for the metrics */
 };
 
 /* A set of names (the timeline's open negotiations). */
@@ -435,6 +437,9 @@ struct fusion_queued_op *fusion_engine_find_op(struct kolo_engine *e, uint64_t i
  * handle and frees it. */
 void fusion_engine_complete(struct kolo_engine *e, struct fusion_queued_op *o, kolo_status_t st,
                             const char *msg);
+/* Counts o, completing with st, in the worker's metrics (engine_metrics.c). */
+void fusion_engine_metrics_done(const struct kolo_engine *e, const struct fusion_queued_op *o,
+                                kolo_status_t st);
 /* Copies the ring's last error (or st's text) into msg; returns st. */
 kolo_status_t fusion_engine_ring_error(struct kolo_engine *e, kolo_status_t st, char *msg,
                                        size_t len);

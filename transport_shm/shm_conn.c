@@ -1,6 +1,7 @@
 /* shm_conn: conns and requests, the data path over the rings, and the
  * progress pass that drives handshakes, data and deadlines. */
 #include "shm_internal.h"
+#include "metrics.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -57,6 +58,7 @@ void shm_conn_fail(struct shm_conn *c, kolo_status_t st, const char *fmt, ...)
 	va_end(ap);
 	c->state = SHM_CS_FAILED;
 	c->failed = st;
+	kolo_metrics_transport_error(KOLO_MTRANSPORT_SHM, st);
 	kolo_fail(&c->t->base.err, st, "shm conn to rank %d (tag %d): %s", c->base.peer_rank,
 	          c->base.tag, msg);
 }

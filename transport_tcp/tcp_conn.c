@@ -1,6 +1,7 @@
 /* The TCP transport's conns and requests: their lifetime, their failure, and
  * the setup of the sockets they own. */
 #include "tcp_internal.h"
+#include "metrics.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -173,6 +174,7 @@ void tcp_conn_fail(struct tcp_conn *c, kolo_status_t st, const char *fmt, ...)
 	vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
 	va_end(ap);
 	c->err = st;
+	kolo_metrics_transport_error(KOLO_MTRANSPORT_TCP, st);
 	KOLO_WARN(SUBSYS, "%s (%s)", c->errmsg, kolo_status_name(st));
 	for (int i = 0; i < c->nstreams; i++) {
 		tcp_fd_reset_close(c->t, c->streams[i].fd);
