@@ -9,6 +9,9 @@
  *      whose local rank is l, network): L such rings run at once, one per
  *      local rank, each carrying 1/L of the data;
  *   3. allgather inside the host over the local comm.
+ * Large allreduces run these stages chunk by chunk, overlapped
+ * (hier_pipeline.c): the network carries chunk k while shared memory
+ * finishes chunk k - 1 and starts chunk k + 1.
  * Every reduction happens in a fixed order that does not depend on the rank
  * that computes it, and each block's final value is computed once per cross
  * comm by a deterministic collective, so every rank ends with identical bits. */
@@ -86,8 +89,22 @@ static double ring_cost(double S, int n, int flows, const struct kolo_ring_link_
 	return 2.0 * (n - 1) * xfer(S / n * flows, link);
 }
 
+/* The hierarchy in K ≥ 2 pipelined chunks of c = S / K (hier_pipeline.c):
+ * a = one chunk's reduce-scatter (or allgather) inside the host, b = its
+ * cross allreduce. The local comm runs RS(0), then, while the network
+ * allreduces chunk k, AG(k - 1) and RS(k + 1); the next cross allreduce
+ * starts when both are done, and AG(K - 1) ends it. */
+static double hier_pipelined(double S, int L, int H, size_t K,
+                             const struct kolo_ring_link_cost *shm,
+                             const struct kolo_ring_link_cost *net)
+{
+	const double c = S / (double)K, x = c / L;
+	const double a = L > 1 ? (L - 1) * xfer(x, shm) : 0, b = ring_cost(x, H, L, net);
+	return 2 * a + 2 * KOLO_MAX(b, a) + (double)(K - 2) * KOLO_MAX(b, 2 * a);
+}
+
 double kolo_ring_cost_model(enum kolo_ring_algo algo, size_t bytes, int local, int cross,
-                            const struct kolo_ring_link_cost *shm,
+                            size_t chunks, const struct kolo_ring_link_cost *shm,
                             const struct kolo_ring_link_cost *net)
 {
 	const double S = (double)bytes;
@@ -103,6 +120,8 @@ double kolo_ring_cost_model(enum kolo_ring_algo algo, size_t bytes, int local, i
 		 * hosts are only the first and last rank of each host. */
 		return ring_cost(S, n, 1, H > 1 ? net : shm);
 	case KOLO_RING_ALGO_HIER: {
+		if (chunks >= 2)
+			return hier_pipelined(S, L, H, chunks, shm, net);
 		/* Reduce-scatter and allgather inside the host, then L cross
 		 * allreduces of S / L at once over the host's link. */
 		double x = S / L, t = L > 1 ? 2.0 * (L - 1) * xfer(x, shm) : 0;
@@ -111,6 +130,30 @@ double kolo_ring_cost_model(enum kolo_ring_algo algo, size_t bytes, int local, i
 	}
 	}
 	return INFINITY;
+}
+
+size_t kolo_ring_hier_chunks(size_t bytes, size_t pipeline_bytes)
+{
+	if (pipeline_bytes == 0)
+		pipeline_bytes = KOLO_RING_HIER_PIPELINE_BYTES;
+	return KOLO_MAX(bytes / pipeline_bytes, 1);
+}
+
+/* The chunks this hierarchy runs an allreduce of `bytes` in. A configured
+ * chunk is used as given; the default one only where the model predicts
+ * the pipeline to pay (not with one rank per host, whose hierarchy has no
+ * stage to overlap, nor where K times the latencies outweigh the overlap).
+ * The same on every rank: configuration and costs are. */
+static size_t hier_chunks(const struct kolo_ring_hier *h, size_t bytes)
+{
+	size_t K = kolo_ring_hier_chunks(bytes, h->cfg.pipeline_bytes);
+	if (K < 2 || h->cfg.pipeline_bytes > 0)
+		return K;
+	double piped = kolo_ring_cost_model(KOLO_RING_ALGO_HIER, bytes, h->L, h->H, K, &h->cfg.shm,
+	                                    &h->cfg.net);
+	double seq = kolo_ring_cost_model(KOLO_RING_ALGO_HIER, bytes, h->L, h->H, 1, &h->cfg.shm,
+	                                  &h->cfg.net);
+	return piped < seq ? K : 1;
 }
 
 /* The largest power of two ≤ 1 GiB for which recursive doubling is
@@ -126,8 +169,10 @@ static size_t small_crossover(int local, int cross, bool hier_cross,
 			rd = rd_cost((double)b, cross, 0, local, shm, net);
 			ring = ring_cost((double)b, cross, local, net);
 		} else {
-			rd = kolo_ring_cost_model(KOLO_RING_ALGO_SMALL, b, local, cross, shm, net);
-			ring = kolo_ring_cost_model(KOLO_RING_ALGO_RING, b, local, cross, shm, net);
+			rd = kolo_ring_cost_model(KOLO_RING_ALGO_SMALL, b, local, cross, 1, shm,
+			                          net);
+			ring = kolo_ring_cost_model(KOLO_RING_ALGO_RING, b, local, cross, 1, shm,
+			                            net);
 		}
 		if (rd <= ring)
 			best = b;
@@ -150,7 +195,7 @@ enum kolo_ring_algo ring_hier_choose(const struct kolo_ring_hier *h, size_t byte
 		if (a == KOLO_RING_ALGO_HIER && h->cfg.mode == KOLO_RING_HIER_OFF)
 			continue;
 		double t = kolo_ring_cost_model((enum kolo_ring_algo)a, bytes, h->L, h->H,
-		                                &h->cfg.shm, &h->cfg.net);
+		                                hier_chunks(h, bytes), &h->cfg.shm, &h->cfg.net);
 		if (t < best) {
 			best = t;
 			algo = (enum kolo_ring_algo)a;
@@ -178,6 +223,13 @@ kolo_status_t ring_hier_allreduce(struct kolo_ring_hier *h, const void *sendbuf,
 {
 	const int L = h->L, l = kolo_ring_comm_rank(h->local);
 	const size_t es = kolo_dtype_size(dtype);
+	const size_t K = hier_chunks(h, count * es);
+	if (K >= 2) {
+		struct kolo_ring_comm *failed = h->local;
+		kolo_status_t st = ring_hier_pipeline(h->local, h->cross, sendbuf, recvbuf, count,
+		                                      dtype, op, prescale, postscale, K, &failed);
+		return st == KOLO_OK ? KOLO_OK : sub_fail(h, failed, st);
+	}
 	size_t off = 0;
 	for (int i = 0; i < L; i++) {
 		h->counts[i] = kolo_reducescatter_count(count, L, i);
@@ -196,6 +248,13 @@ kolo_status_t ring_hier_allreduce(struct kolo_ring_hier *h, const void *sendbuf,
 	if (st != KOLO_OK)
 		return sub_fail(h, h->local, st);
 	return KOLO_OK;
+}
+
+size_t kolo_ring_allreduce_chunks(const struct kolo_ring_comm *rc, size_t bytes)
+{
+	if (!rc->hier || ring_hier_choose(rc->hier, bytes) != KOLO_RING_ALGO_HIER)
+		return 0;
+	return hier_chunks(rc->hier, bytes);
 }
 
 const char *ring_hier_last_error(const struct kolo_ring_hier *h)

@@ -23,8 +23,8 @@ START_TEST(test_model_large_prefers_hier)
 	/* 2 hosts x 2 ranks on 1 Gbit/s links: the flat ring sends 1.5 S over
 	 * each link, the hierarchy S. */
 	size_t S = 64u << 20;
-	double flat = kolo_ring_cost_model(KOLO_RING_ALGO_RING, S, 2, 2, &shm, &net);
-	double hier = kolo_ring_cost_model(KOLO_RING_ALGO_HIER, S, 2, 2, &shm, &net);
+	double flat = kolo_ring_cost_model(KOLO_RING_ALGO_RING, S, 2, 2, 1, &shm, &net);
+	double hier = kolo_ring_cost_model(KOLO_RING_ALGO_HIER, S, 2, 2, 1, &shm, &net);
 	ck_assert_double_lt(hier, flat);
 	/* Bandwidth terms: 1.5 S / 125 MB/s vs S / 125 MB/s + shm. */
 	ck_assert_double_eq_tol(flat / 1e6, 1.5 * S / 125e6, 0.01);
@@ -34,16 +34,17 @@ END_TEST
 
 START_TEST(test_model_small_prefers_rd)
 {
-	double rd = kolo_ring_cost_model(KOLO_RING_ALGO_SMALL, 8, 1, 4, &shm, &net);
-	double ring = kolo_ring_cost_model(KOLO_RING_ALGO_RING, 8, 1, 4, &shm, &net);
+	double rd = kolo_ring_cost_model(KOLO_RING_ALGO_SMALL, 8, 1, 4, 1, &shm, &net);
+	double ring = kolo_ring_cost_model(KOLO_RING_ALGO_RING, 8, 1, 4, 1, &shm, &net);
 	ck_assert_double_eq_tol(rd, 2 * 50, 1.0);   /* lg 4 rounds of α */
 	ck_assert_double_eq_tol(ring, 6 * 50, 1.0); /* 2(n-1) steps of α */
 	ck_assert_double_lt(rd, ring);
 	/* Fast network, slow shared memory: the hierarchy does not pay. */
 	struct kolo_ring_link_cost slow_shm = {3, 0.5}, fast_net = {5, 10};
 	ck_assert_double_gt(
-	        kolo_ring_cost_model(KOLO_RING_ALGO_HIER, 64u << 20, 2, 2, &slow_shm, &fast_net),
-	        kolo_ring_cost_model(KOLO_RING_ALGO_RING, 64u << 20, 2, 2, &slow_shm, &fast_net));
+	        kolo_ring_cost_model(KOLO_RING_ALGO_HIER, 64u << 20, 2, 2, 1, &slow_shm, &fast_net),
+	        kolo_ring_cost_model(KOLO_RING_ALGO_RING, 64u << 20, 2, 2, 1, &slow_shm,
+	                             &fast_net));
 }
 END_TEST
 

@@ -140,7 +140,14 @@ struct kolo_ring_hier_config {
 	bool probe;       /* measure both costs at enable (then agreed by a MAX allreduce) */
 	bool small_model; /* set the small-message thresholds from the model, not the config */
 	size_t local_segment_bytes; /* segment of the sub-comm inside a host; 0: the parent's */
+	/* Pipeline chunk of the hierarchy: an allreduce of S bytes runs in
+	 * kolo_ring_hier_chunks(S, pipeline_bytes) chunks whose stages overlap.
+	 * 0: KOLO_RING_HIER_PIPELINE_BYTES where the cost model predicts the
+	 * pipeline to pay; otherwise this chunk always (SIZE_MAX: never). */
+	size_t pipeline_bytes;
 };
+
+#define KOLO_RING_HIER_PIPELINE_BYTES ((size_t)4 << 20)
 
 struct kolo_ring_hier;
 
@@ -154,13 +161,22 @@ kolo_status_t kolo_ring_hier_enable(struct kolo_ring_comm *rc,
 /* The algorithm kolo_ring_allreduce on rc would use for `bytes`; RING or
  * SMALL when no hierarchy is attached. Pure: the same on every rank. */
 enum kolo_ring_algo kolo_ring_allreduce_algo(const struct kolo_ring_comm *rc, size_t bytes);
+/* The pipeline chunks kolo_ring_allreduce on rc runs an allreduce of `bytes`
+ * in (1: the hierarchy's stages one after another); 0 when it does not take
+ * the hierarchy. Pure: the same on every rank. */
+size_t kolo_ring_allreduce_chunks(const struct kolo_ring_comm *rc, size_t bytes);
 /* The costs in use (measured or configured); false when none attached. */
 bool kolo_ring_hier_costs(const struct kolo_ring_comm *rc, struct kolo_ring_link_cost *shm,
                           struct kolo_ring_link_cost *net);
 /* The model's predicted time in µs of one allreduce of `bytes` by algo on n =
- * local * cross ranks (local or cross may be 1). Unit-tested; documented. */
+ * local * cross ranks (local or cross may be 1); HIER runs in `chunks`
+ * pipelined chunks (1: its three stages one after another; ignored by the
+ * other algorithms). Unit-tested; documented. */
 double kolo_ring_cost_model(enum kolo_ring_algo algo, size_t bytes, int local, int cross,
-                            const struct kolo_ring_link_cost *shm,
+                            size_t chunks, const struct kolo_ring_link_cost *shm,
                             const struct kolo_ring_link_cost *net);
+/* The chunks of a pipelined allreduce of `bytes`: bytes / pipeline_bytes
+ * (chunks of at least pipeline_bytes; 0 takes the default), at least 1. */
+size_t kolo_ring_hier_chunks(size_t bytes, size_t pipeline_bytes);
 
 #endif /* KOLO_RING_H */

@@ -11,6 +11,7 @@
  *   ring_broadcast.c      broadcast: binomial tree and pipelined chain
  *   ring_pairwise.c       alltoallv and barrier: direct peer exchanges
  *   hier.c                the hierarchical allreduce and its cost model
+ *   hier_pipeline.c       the hierarchy's stages overlapped chunk by chunk
  *   reduce.c              the reduction kernels
  * Algorithms, costs, waiting and failure: docs/collectives.md.
  *
@@ -164,6 +165,20 @@ struct ring_stream {
 kolo_status_t ring_stream_run(struct kolo_ring_comm *rc, struct ring_stream *s,
                               const size_t *counts, size_t count);
 
+/* The same stream moved by the caller, so that one thread can move streams of
+ * several comms at once (the pipelined hierarchy, hier_pipeline.c): start
+ * lays s out (s must outlive the run), each pass polls it once without
+ * blocking, and the caller idles when no stream progressed. A failure fails
+ * rc as ring_stream_run would; end frees the run (after a failure too) and
+ * touches no request. */
+struct ring_stream_run;
+kolo_status_t ring_stream_start(struct kolo_ring_comm *rc, struct ring_stream *s,
+                                const size_t *counts, size_t count, struct ring_stream_run **out);
+kolo_status_t ring_stream_pass(struct ring_stream_run *sr, bool *progressed, bool *finished);
+/* After a timeout st, names the peer the run waits for. Returns st. */
+kolo_status_t ring_stream_blame(const struct ring_stream_run *sr, kolo_status_t st);
+void ring_stream_end(struct ring_stream_run *sr);
+
 /* ---- the hierarchy, between ring.c, ring_allreduce.c and hier.c ---------- */
 
 /* rc owns h from then on (a previous one is destroyed). */
@@ -172,6 +187,14 @@ enum kolo_ring_algo ring_hier_choose(const struct kolo_ring_hier *h, size_t byte
 kolo_status_t ring_hier_allreduce(struct kolo_ring_hier *h, const void *sendbuf, void *recvbuf,
                                   size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
                                   double postscale);
+/* hier_pipeline.c: the allreduce of hier.c in `chunks` pipelined chunks over
+ * the local and cross comms of this rank (docs/hierarchical.md). On a
+ * failure *failed is the comm that failed first; the caller must fail the
+ * other too (its conns may still hold requests into recvbuf). */
+kolo_status_t ring_hier_pipeline(struct kolo_ring_comm *local, struct kolo_ring_comm *cross,
+                                 const void *sendbuf, void *recvbuf, size_t count,
+                                 kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                 double postscale, size_t chunks, struct kolo_ring_comm **failed);
 const char *ring_hier_last_error(const struct kolo_ring_hier *h);
 int ring_hier_failed_peer(const struct kolo_ring_hier *h);
 void ring_hier_fail(struct kolo_ring_hier *h, kolo_status_t st);

@@ -173,11 +173,12 @@ static void stream_layout(struct kolo_ring_comm *rc, struct ring_stream *s, cons
 	s->seg_elems = (maxlen + s->nseg - 1) / s->nseg;
 }
 
-/* Runs s, whose layout is set, to the end. */
-static kolo_status_t run_laid_out(struct kolo_ring_comm *rc, const struct ring_stream *s)
+/* Sets run up to move s, whose layout is set. */
+static kolo_status_t run_init(struct stream_run *run, struct kolo_ring_comm *rc,
+                              const struct ring_stream *s)
 {
 	const int n = rc->size, r = rc->rank;
-	struct stream_run run = {
+	*run = (struct stream_run){
 	        .rc = rc,
 	        .s = s,
 	        .left_peer = ring_wrap(r - 1, n),
@@ -186,22 +187,46 @@ static kolo_status_t run_laid_out(struct kolo_ring_comm *rc, const struct ring_s
 	        .segbytes = s->seg_elems * s->esize,
 	};
 	if (s->nrs > 0)
-		KOLO_CHECK(ring_scratch_reserve(rc, RING_RECV_WINDOW * KOLO_MAX(run.segbytes, 1)));
-	run.left = rc->conns[run.left_peer];
-	run.right = rc->conns[run.right_peer];
+		KOLO_CHECK(ring_scratch_reserve(rc, RING_RECV_WINDOW * KOLO_MAX(run->segbytes, 1)));
+	run->left = rc->conns[run->left_peer];
+	run->right = rc->conns[run->right_peer];
+	return KOLO_OK;
+}
+
+/* One polling pass; *progressed when a request completed. */
+static kolo_status_t run_pass(struct stream_run *run, bool *progressed)
+{
+	KOLO_CHECK(post_recvs(run));
+	KOLO_CHECK(post_sends(run));
+	KOLO_CHECK(finish_recv(run, progressed));
+	return ring_test_sends(run->rc, run->sreq, &run->sdone, run->sposted, run->right_peer,
+	                       progressed);
+}
+
+static bool run_finished(const struct stream_run *run)
+{
+	return run->done >= run->units && run->sdone >= run->units;
+}
+
+/* After a timeout, the peer this run waits for. */
+static kolo_status_t run_blame(const struct stream_run *run, kolo_status_t st)
+{
+	return ring_blame(run->rc, st, run->done < run->units ? run->left_peer : run->right_peer);
+}
+
+/* Runs s, whose layout is set, to the end. */
+static kolo_status_t run_laid_out(struct kolo_ring_comm *rc, const struct ring_stream *s)
+{
+	struct stream_run run;
+	KOLO_CHECK(run_init(&run, rc, s));
 	struct ring_waiter w;
 	ring_waiter_init(&w);
-	while (run.done < run.units || run.sdone < run.units) {
+	while (!run_finished(&run)) {
 		bool progressed = false;
-		KOLO_CHECK(post_recvs(&run));
-		KOLO_CHECK(post_sends(&run));
-		KOLO_CHECK(finish_recv(&run, &progressed));
-		KOLO_CHECK(ring_test_sends(rc, run.sreq, &run.sdone, run.sposted, run.right_peer,
-		                           &progressed));
+		KOLO_CHECK(run_pass(&run, &progressed));
 		kolo_status_t st = ring_idle(rc, &w, progressed, "in the ring");
 		if (st != KOLO_OK)
-			return ring_blame(rc, st,
-			                  run.done < run.units ? run.left_peer : run.right_peer);
+			return run_blame(&run, st);
 	}
 	return KOLO_OK;
 }
@@ -223,4 +248,55 @@ kolo_status_t ring_stream_run(struct kolo_ring_comm *rc, struct ring_stream *s,
 	free(layout);
 	s->boff = s->blen = NULL;
 	return st;
+}
+
+/* A stream moved by its caller: the run and the layout it points s at. */
+struct ring_stream_run {
+	struct stream_run run;
+	struct ring_stream *s;
+	size_t layout[]; /* boff, blen, counts: 3 n */
+};
+
+kolo_status_t ring_stream_start(struct kolo_ring_comm *rc, struct ring_stream *s,
+                                const size_t *counts, size_t count, struct ring_stream_run **out)
+{
+	const int n = rc->size;
+	*out = NULL;
+	struct ring_stream_run *sr = calloc(1, sizeof(*sr) + 3 * (size_t)n * sizeof(size_t));
+	if (!sr)
+		return ring_fail(rc, KOLO_ENOMEM, "out of memory");
+	if (!counts) {
+		for (int i = 0; i < n; i++)
+			sr->layout[2 * n + i] = kolo_reducescatter_count(count, n, i);
+		counts = sr->layout + 2 * n;
+	}
+	sr->s = s;
+	stream_layout(rc, s, counts, sr->layout, sr->layout + n);
+	kolo_status_t st = run_init(&sr->run, rc, s);
+	if (st != KOLO_OK) {
+		ring_stream_end(sr);
+		return st;
+	}
+	*out = sr;
+	return KOLO_OK;
+}
+
+kolo_status_t ring_stream_pass(struct ring_stream_run *sr, bool *progressed, bool *finished)
+{
+	kolo_status_t st = run_pass(&sr->run, progressed);
+	*finished = st == KOLO_OK && run_finished(&sr->run);
+	return st;
+}
+
+kolo_status_t ring_stream_blame(const struct ring_stream_run *sr, kolo_status_t st)
+{
+	return run_blame(&sr->run, st);
+}
+
+void ring_stream_end(struct ring_stream_run *sr)
+{
+	if (!sr)
+		return;
+	sr->s->boff = sr->s->blen = NULL;
+	free(sr);
 }
