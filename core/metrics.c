@@ -217,15 +217,17 @@ static void le_seconds(char (*le)[24], const char **lep, size_t nb, uint64_t bas
 
 static void render_info(struct kolo_metrics_text *t)
 {
-	char labels[1024];
+	char labels[1024], rank[24];
+	snprintf(rank, sizeof(rank), "%" PRId64, atomic_load(&g_rank));
 	pthread_mutex_lock(&id_lock);
 	if (!kolo_metrics_labels(labels, sizeof(labels), "version", KOLO_VERSION_STRING, "job",
-	                         id_job, "host", id_host, (const char *)NULL))
+	                         id_job, "host", id_host, "rank", rank, (const char *)NULL))
 		kolo_metrics_labels(labels, sizeof(labels), "version", KOLO_VERSION_STRING,
 		                    (const char *)NULL);
 	pthread_mutex_unlock(&id_lock);
 	kolo_metrics_text_family(t, "kolo_info", "gauge",
-	                         "Always 1; the labels say which kolo and job this process runs.");
+	                         "Always 1; the labels say which kolo, job, host and rank this "
+	                         "process is.");
 	kolo_metrics_text_sample(t, "kolo_info", labels, 1);
 	static const struct {
 		const char *name, *help;

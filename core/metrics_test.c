@@ -311,7 +311,7 @@ START_TEST(fusion_and_elastic_render_what_was_counted)
 	ck_assert_int_eq(sample(t, "kolo_local_rank"), 1);
 	ck_assert_int_eq(sample(t, "kolo_round"), 7);
 	ck_assert_int_eq(sample(t, "kolo_info{version=\"" KOLO_VERSION_STRING
-	                           "\",job=\"j\\\"ob\",host=\"host-1\"}"),
+	                           "\",job=\"j\\\"ob\",host=\"host-1\",rank=\"3\"}"),
 	                 1);
 	free(t);
 }
