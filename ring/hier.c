@@ -134,9 +134,12 @@ double kolo_ring_cost_model(enum kolo_ring_algo algo, size_t bytes, int local, i
 
 size_t kolo_ring_hier_chunks(size_t bytes, size_t pipeline_bytes)
 {
-	if (pipeline_bytes == 0)
-		pipeline_bytes = KOLO_RING_HIER_PIPELINE_BYTES;
-	return KOLO_MAX(bytes / pipeline_bytes, 1);
+	if (pipeline_bytes > 0)
+		return KOLO_MAX(bytes / pipeline_bytes, 1);
+	/* More chunks only shorten the fill and drain (one chunk's local
+	 * stages), already small at 32, and add latencies. */
+	size_t K = bytes / KOLO_RING_HIER_PIPELINE_BYTES;
+	return KOLO_MAX(KOLO_MIN(K, (size_t)KOLO_RING_HIER_PIPELINE_MAX), 1);
 }
 
 /* The chunks this hierarchy runs an allreduce of `bytes` in. A configured

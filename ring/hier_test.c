@@ -48,6 +48,80 @@ START_TEST(test_model_small_prefers_rd)
 }
 END_TEST
 
+START_TEST(test_model_pipelined)
+{
+	/* 2 hosts x 2 ranks at 1 Gbit/s, 64 MiB in the default 32 chunks of 2
+	 * MiB: per chunk, a = one local stage of 1 MiB blocks (1 step), b =
+	 * the cross ring of a 1 MiB block over 2 hosts (2 steps of 1 MiB: the
+	 * two local ranks' rings share the link). The network is the slower:
+	 * RS(0), 32 cross allreduces back to back, AG(31). */
+	size_t S = 64u << 20, K = kolo_ring_hier_chunks(S, 0);
+	ck_assert_uint_eq(K, 32);
+	double x = (double)S / K / 2, a = 3 + x / 4e3, b = 2 * (50 + x / 125);
+	double piped = kolo_ring_cost_model(KOLO_RING_ALGO_HIER, S, 2, 2, K, &shm, &net);
+	double seq = kolo_ring_cost_model(KOLO_RING_ALGO_HIER, S, 2, 2, 1, &shm, &net);
+	double flat = kolo_ring_cost_model(KOLO_RING_ALGO_RING, S, 2, 2, K, &shm, &net);
+	ck_assert_double_eq_tol(piped, 2 * a + 32 * b, 1.0);
+	ck_assert_double_lt(piped, seq);
+	ck_assert_double_lt(seq, flat);
+	/* Within 1% of the link's bound, S / B, against 1.5 S / B flat. */
+	ck_assert_double_lt(piped, 1.01 * S / 125);
+	/* Two chunks: RS(0), AR(0) with RS(1), AR(1) with AG(0), AG(1). */
+	K = 2;
+	x = (double)S / K / 2, a = 3 + x / 4e3, b = 2 * (50 + x / 125);
+	ck_assert_double_eq_tol(kolo_ring_cost_model(KOLO_RING_ALGO_HIER, S, 2, 2, K, &shm, &net),
+	                        2 * a + 2 * b, 1.0);
+	/* Shared memory the slower: the local comm (2a per chunk) sets the
+	 * pace. */
+	struct kolo_ring_link_cost slow_shm = {3, 0.05};
+	K = 32;
+	x = (double)S / K / 2, a = 3 + x / 50, b = 2 * (50 + x / 125);
+	ck_assert_double_gt(2 * a, b);
+	ck_assert_double_eq_tol(
+	        kolo_ring_cost_model(KOLO_RING_ALGO_HIER, S, 2, 2, K, &slow_shm, &net),
+	        2 * a + 2 * KOLO_MAX(a, b) + 30 * 2 * a, 1.0);
+}
+END_TEST
+
+/* The algorithm auto takes (as ring_hier_choose: least predicted time, the
+ * hierarchy in its default chunking) at every size from 1 to 256 MiB. */
+static enum kolo_ring_algo model_pick(size_t S, const struct kolo_ring_link_cost *s,
+                                      const struct kolo_ring_link_cost *n)
+{
+	size_t K = kolo_ring_hier_chunks(S, 0);
+	double hier = kolo_ring_cost_model(KOLO_RING_ALGO_HIER, S, 2, 2, K, s, n);
+	if (K > 1)
+		hier = fmin(hier, kolo_ring_cost_model(KOLO_RING_ALGO_HIER, S, 2, 2, 1, s, n));
+	return hier < kolo_ring_cost_model(KOLO_RING_ALGO_RING, S, 2, 2, 1, s, n)
+	               ? KOLO_RING_ALGO_HIER
+	               : KOLO_RING_ALGO_RING;
+}
+
+START_TEST(test_model_picks_by_size)
+{
+	/* A slow network: the hierarchy at every size (measured faster at
+	 * every size, docs/performance.md). */
+	for (size_t S = 1u << 20; S <= (256u << 20); S *= 2)
+		ck_assert_int_eq(model_pick(S, &shm, &net), KOLO_RING_ALGO_HIER);
+	/* A network faster than shared memory: flat at every size. */
+	struct kolo_ring_link_cost slow_shm = {3, 0.5}, fast_net = {5, 10};
+	for (size_t S = 1u << 20; S <= (256u << 20); S *= 2)
+		ck_assert_int_eq(model_pick(S, &slow_shm, &fast_net), KOLO_RING_ALGO_RING);
+	/* The costs the probe measured on a loaded 2-core machine (shm 160 us
+	 * 0.2 GB/s, net 108 us 0.124 GB/s): the stages one after another lose
+	 * to the flat ring at 64 MiB, the pipeline wins (measured: flat 851
+	 * ms, sequential 687 ms, pipelined 565 ms). */
+	struct kolo_ring_link_cost p_shm = {160, 0.2}, p_net = {108, 0.124};
+	size_t S = 64u << 20;
+	double flat = kolo_ring_cost_model(KOLO_RING_ALGO_RING, S, 2, 2, 1, &p_shm, &p_net);
+	ck_assert_double_gt(kolo_ring_cost_model(KOLO_RING_ALGO_HIER, S, 2, 2, 1, &p_shm, &p_net),
+	                    flat);
+	ck_assert_double_lt(kolo_ring_cost_model(KOLO_RING_ALGO_HIER, S, 2, 2,
+	                                         kolo_ring_hier_chunks(S, 0), &p_shm, &p_net),
+	                    flat);
+}
+END_TEST
+
 /* ---- in-process worlds ------------------------------------------------ */
 
 #define NMAX 8
@@ -264,6 +338,8 @@ static Suite *hier_suite(void)
 	TCase *tc = tcase_create("model");
 	tcase_add_test(tc, test_model_large_prefers_hier);
 	tcase_add_test(tc, test_model_small_prefers_rd);
+	tcase_add_test(tc, test_model_pipelined);
+	tcase_add_test(tc, test_model_picks_by_size);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("world");
 	tcase_set_timeout(tc, 60);

@@ -142,12 +142,17 @@ struct kolo_ring_hier_config {
 	size_t local_segment_bytes; /* segment of the sub-comm inside a host; 0: the parent's */
 	/* Pipeline chunk of the hierarchy: an allreduce of S bytes runs in
 	 * kolo_ring_hier_chunks(S, pipeline_bytes) chunks whose stages overlap.
-	 * 0: KOLO_RING_HIER_PIPELINE_BYTES where the cost model predicts the
-	 * pipeline to pay; otherwise this chunk always (SIZE_MAX: never). */
+	 * 0: the default chunking, where the cost model predicts the pipeline
+	 * to pay; otherwise chunks of this size always (SIZE_MAX: never). */
 	size_t pipeline_bytes;
 };
 
-#define KOLO_RING_HIER_PIPELINE_BYTES ((size_t)4 << 20)
+/* The default chunking: chunks of at least 1 MiB, at most 32 of them
+ * (measured on 2 hosts x 2 ranks at 1 Gbit/s: 1 to 4 MiB chunks ran 64 MiB
+ * alike, 256 KiB chunks lost to the stages one after another; docs/
+ * hierarchical.md). */
+#define KOLO_RING_HIER_PIPELINE_BYTES ((size_t)1 << 20)
+#define KOLO_RING_HIER_PIPELINE_MAX   32
 
 struct kolo_ring_hier;
 
@@ -175,8 +180,10 @@ bool kolo_ring_hier_costs(const struct kolo_ring_comm *rc, struct kolo_ring_link
 double kolo_ring_cost_model(enum kolo_ring_algo algo, size_t bytes, int local, int cross,
                             size_t chunks, const struct kolo_ring_link_cost *shm,
                             const struct kolo_ring_link_cost *net);
-/* The chunks of a pipelined allreduce of `bytes`: bytes / pipeline_bytes
- * (chunks of at least pipeline_bytes; 0 takes the default), at least 1. */
+/* The chunks of a pipelined allreduce of `bytes`: bytes / pipeline_bytes, at
+ * least 1 (chunks of at least pipeline_bytes); pipeline_bytes 0: the default
+ * chunking, bytes / KOLO_RING_HIER_PIPELINE_BYTES up to
+ * KOLO_RING_HIER_PIPELINE_MAX. */
 size_t kolo_ring_hier_chunks(size_t bytes, size_t pipeline_bytes);
 
 #endif /* KOLO_RING_H */
