@@ -95,7 +95,7 @@ done
 bin=$(cd "$bin" && pwd)
 
 # the peers: built from bench/peers when installed, skipped otherwise
-peers=${PEERS_BIN:-$(dirname "$bin")/peers}
+peers=$(realpath -m "${PEERS_BIN:-$(dirname "$bin")/peers}") # make -C needs it absolute
 have_gloo=0 have_mpi=0
 make -s -C "$root/bench/peers" O="$peers" pump >"$out/peers-build.log" 2>&1 || {
 	echo "bench/peers: tcp_pump does not build (see $out/peers-build.log)" >&2

@@ -115,7 +115,7 @@ ratio() {
 }
 
 # The peer benchmarks (bench/peers), built on demand: peers_build gloo|mpi...
-peers=${PEERS_BIN:-$(dirname "$bin")/peers}
+peers=$(realpath -m "${PEERS_BIN:-$(dirname "$bin")/peers}") # make -C needs it absolute
 peers_build() {
 	local p
 	for p in "$@"; do
