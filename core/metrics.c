@@ -60,6 +60,7 @@ static struct {
 	counter_t last_ok_ns, detect_ns, connected_ns;
 } m;
 
+static atomic_bool m_on;
 static _Atomic int64_t g_rank = -1, g_size = -1, g_local_rank = -1, g_round = -1;
 static pthread_mutex_t id_lock = PTHREAD_MUTEX_INITIALIZER;
 static char id_job[256], id_host[256];
@@ -100,10 +101,26 @@ enum kolo_metrics_size kolo_metrics_size_class(uint64_t bytes)
 	                                           : KOLO_MSIZE_LARGE;
 }
 
+void kolo_metrics_enable(void)
+{
+	atomic_store(&m_on, true);
+}
+
+bool kolo_metrics_enabled(void)
+{
+	return atomic_load_explicit(&m_on, memory_order_relaxed);
+}
+
 /* ---- hooks ----------------------------------------------------------------- */
 
-void kolo_metrics_coll_done(enum kolo_metrics_coll c, enum kolo_metrics_mode md, uint64_t bytes,
-                            uint64_t ns, kolo_status_t st)
+uint64_t kolo_metrics_start(void)
+{
+	return kolo_metrics_enabled() ? kolo_now_ns() : 0;
+}
+
+/* Counts one operation, and its duration ns when timed. */
+static void coll_count(enum kolo_metrics_coll c, enum kolo_metrics_mode md, uint64_t bytes,
+                       bool timed, uint64_t ns, kolo_status_t st)
 {
 	if ((unsigned)c >= KOLO_MCOLL_COUNT || (unsigned)md >= KOLO_MMODE_COUNT)
 		return;
@@ -113,14 +130,39 @@ void kolo_metrics_coll_done(enum kolo_metrics_coll c, enum kolo_metrics_mode md,
 	}
 	add(&m.ops[c][md], 1);
 	add(&m.bytes[c][md], bytes);
+	if (!timed)
+		return;
 	struct lat_hist *h = &m.lat[c][kolo_metrics_size_class(bytes)];
 	add(&h->b[kolo_metrics_lat_bucket(ns)], 1);
 	add(&h->sum_ns, ns);
-	atomic_store_explicit(&m.last_ok_ns, kolo_now_ns(), memory_order_relaxed);
+}
+
+void kolo_metrics_coll_observe(enum kolo_metrics_coll c, enum kolo_metrics_mode md, uint64_t bytes,
+                               uint64_t ns, kolo_status_t st)
+{
+	if (kolo_metrics_enabled())
+		coll_count(c, md, bytes, true, ns, st);
+}
+
+void kolo_metrics_coll_done(enum kolo_metrics_coll c, enum kolo_metrics_mode md, uint64_t bytes,
+                            uint64_t start_ns, kolo_status_t st)
+{
+	if (!kolo_metrics_enabled())
+		return;
+	if (!start_ns) {
+		coll_count(c, md, bytes, false, 0, st);
+		return;
+	}
+	uint64_t now = kolo_now_ns();
+	coll_count(c, md, bytes, true, now > start_ns ? now - start_ns : 0, st);
+	if (st == KOLO_OK)
+		atomic_store_explicit(&m.last_ok_ns, now, memory_order_relaxed);
 }
 
 void kolo_metrics_fusion_batch(size_t tensors, uint64_t bytes, uint64_t threshold)
 {
+	if (!kolo_metrics_enabled())
+		return;
 	add(&m.batches, 1);
 	add(&m.batch_bytes, bytes);
 	add(&m.tensors_b[log2_ceil(tensors, KOLO_METRICS_TENSOR_BUCKETS)], 1);
@@ -138,18 +180,21 @@ void kolo_metrics_fusion_batch(size_t tensors, uint64_t bytes, uint64_t threshol
 
 void kolo_metrics_fusion_cycle(uint64_t cache_hits)
 {
+	if (!kolo_metrics_enabled())
+		return;
 	add(&m.cycles, 1);
 	add(&m.cache_hits, cache_hits);
 }
 
 void kolo_metrics_fusion_stall(void)
 {
-	add(&m.stall_warnings, 1);
+	if (kolo_metrics_enabled())
+		add(&m.stall_warnings, 1);
 }
 
 void kolo_metrics_transport_error(enum kolo_metrics_transport t, kolo_status_t st)
 {
-	if ((unsigned)t < KOLO_MTRANSPORT_COUNT)
+	if (kolo_metrics_enabled() && (unsigned)t < KOLO_MTRANSPORT_COUNT)
 		add(&m.transport_errors[t][SLOT(st)], 1);
 }
 
@@ -161,6 +206,8 @@ static void phase_observe(enum kolo_metrics_phase p, uint64_t ns)
 
 void kolo_metrics_failure_seen(void)
 {
+	if (!kolo_metrics_enabled())
+		return;
 	uint64_t last = get(&m.last_ok_ns), now = kolo_now_ns();
 	uint64_t d = last && now > last ? now - last : 1; /* 0 means "none" */
 	uint64_t none = 0;
@@ -170,6 +217,8 @@ void kolo_metrics_failure_seen(void)
 
 void kolo_metrics_reform_done(const uint64_t ns[4], bool at_commit)
 {
+	if (!kolo_metrics_enabled())
+		return;
 	add(&m.reforms[at_commit ? 1 : 0], 1);
 	uint64_t d = atomic_exchange_explicit(&m.detect_ns, 0, memory_order_relaxed);
 	if (d && !at_commit)
@@ -183,6 +232,8 @@ void kolo_metrics_reform_done(const uint64_t ns[4], bool at_commit)
 
 void kolo_metrics_sync_done(void)
 {
+	if (!kolo_metrics_enabled())
+		return;
 	uint64_t c = atomic_exchange_explicit(&m.connected_ns, 0, memory_order_relaxed);
 	uint64_t now = kolo_now_ns();
 	if (c)

@@ -9,8 +9,10 @@
  *
  * The hooks are called on the hot path. Each is a few relaxed atomic
  * additions into fixed arrays (histograms have fixed log2 buckets chosen at
- * compile time): no lock, no allocation, no system call, callable from any
- * thread. Counting is always on; only the HTTP server is optional. */
+ * compile time): no lock, no allocation, callable from any thread. Until
+ * kolo_metrics_enable() (the endpoint's start) every hook returns after one
+ * relaxed load, and kolo_metrics_start() reads no clock: a process that
+ * serves no metrics pays nothing measurable. */
 #ifndef KOLO_METRICS_H
 #define KOLO_METRICS_H
 
@@ -51,15 +53,27 @@ enum kolo_metrics_phase {
 
 enum kolo_metrics_transport { KOLO_MTRANSPORT_TCP, KOLO_MTRANSPORT_SHM, KOLO_MTRANSPORT_COUNT };
 
+/* Turns counting on, for the rest of the process. Idempotent. */
+void kolo_metrics_enable(void);
+/* Whether counting is on. */
+bool kolo_metrics_enabled(void);
+
 /* ---- hooks (hot path: lock-free, allocation-free, any thread) ---------- */
 
+/* An operation's start for kolo_metrics_coll_done: kolo_now_ns() while
+ * counting is on, else 0 (no clock read). */
+uint64_t kolo_metrics_start(void);
 /* An operation finished: its family, entry point, bytes (docs/metrics.md:
  * allreduce and broadcast the buffer, allgather the gathered output,
  * reducescatter the input, alltoall what this rank sends, barrier 0) and
- * its time in ns (blocking: the call; async: enqueue to completion). A
- * failed one (st != KOLO_OK) counts only as a failure, by status. */
+ * when it started (kolo_metrics_start(); blocking: the call, async: the
+ * enqueue). A failed one (st != KOLO_OK) counts only as a failure, by
+ * status. start_ns 0 (counting was off then) records no duration. */
 void kolo_metrics_coll_done(enum kolo_metrics_coll c, enum kolo_metrics_mode m, uint64_t bytes,
-                            uint64_t ns, kolo_status_t st);
+                            uint64_t start_ns, kolo_status_t st);
+/* kolo_metrics_coll_done with the duration given (ns), for tests. */
+void kolo_metrics_coll_observe(enum kolo_metrics_coll c, enum kolo_metrics_mode m, uint64_t bytes,
+                               uint64_t ns, kolo_status_t st);
 /* The size class of an operation of this many bytes. */
 enum kolo_metrics_size kolo_metrics_size_class(uint64_t bytes);
 /* The fusion engine ran one allreduce batch of `tensors` tensors and

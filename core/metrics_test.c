@@ -142,15 +142,16 @@ START_TEST(collectives_render_what_was_counted)
 	for (int i = 0; i < 500; i++) {
 		uint64_t ns = (uint64_t)rand() % 5000000u; /* up to 5 ms */
 		uint64_t b = (uint64_t)(rand() % 65536);   /* small */
-		kolo_metrics_coll_done(KOLO_MCOLL_ALLREDUCE, KOLO_MMODE_ASYNC, b, ns, KOLO_OK);
+		kolo_metrics_coll_observe(KOLO_MCOLL_ALLREDUCE, KOLO_MMODE_ASYNC, b, ns, KOLO_OK);
 		want_b[lat_bucket_ref(ns)]++;
 		sum_ns += ns;
 		bytes += b;
 		n++;
 	}
-	kolo_metrics_coll_done(KOLO_MCOLL_BROADCAST, KOLO_MMODE_BLOCKING, 16u << 20, 3000, KOLO_OK);
-	kolo_metrics_coll_done(KOLO_MCOLL_ALLGATHER, KOLO_MMODE_BLOCKING, 8, 10, KOLO_EPEER);
-	kolo_metrics_coll_done(KOLO_MCOLL_ALLGATHER, KOLO_MMODE_BLOCKING, 8, 10, KOLO_EPEER);
+	kolo_metrics_coll_observe(KOLO_MCOLL_BROADCAST, KOLO_MMODE_BLOCKING, 16u << 20, 3000,
+	                          KOLO_OK);
+	kolo_metrics_coll_observe(KOLO_MCOLL_ALLGATHER, KOLO_MMODE_BLOCKING, 8, 10, KOLO_EPEER);
+	kolo_metrics_coll_observe(KOLO_MCOLL_ALLGATHER, KOLO_MMODE_BLOCKING, 8, 10, KOLO_EPEER);
 	kolo_metrics_transport_error(KOLO_MTRANSPORT_TCP, KOLO_ETIMEDOUT);
 	char *t = render();
 	ck_assert_int_eq(
@@ -212,7 +213,7 @@ END_TEST
  * _total, and histograms have only _bucket, _sum and _count samples. */
 START_TEST(every_sample_has_its_family)
 {
-	kolo_metrics_coll_done(KOLO_MCOLL_BARRIER, KOLO_MMODE_BLOCKING, 0, 5000, KOLO_OK);
+	kolo_metrics_coll_observe(KOLO_MCOLL_BARRIER, KOLO_MMODE_BLOCKING, 0, 5000, KOLO_OK);
 	kolo_metrics_fusion_batch(3, 96, 128);
 	kolo_metrics_set_assignment(1, 2, 1, 5);
 	uint64_t ns[4] = {1000000, 3000000, 9000000, 10000000};
@@ -319,7 +320,8 @@ END_TEST
 
 START_TEST(detect_and_sync_follow_a_failure)
 {
-	kolo_metrics_coll_done(KOLO_MCOLL_ALLREDUCE, KOLO_MMODE_BLOCKING, 4, 1000, KOLO_OK);
+	kolo_metrics_coll_done(KOLO_MCOLL_ALLREDUCE, KOLO_MMODE_BLOCKING, 4, kolo_metrics_start(),
+	                       KOLO_OK);
 	kolo_metrics_failure_seen();
 	kolo_metrics_failure_seen(); /* only the first of a re-form counts */
 	uint64_t now = kolo_now_ns();
@@ -334,10 +336,48 @@ START_TEST(detect_and_sync_follow_a_failure)
 }
 END_TEST
 
+/* Before kolo_metrics_enable nothing counts and no clock is read. */
+START_TEST(off_until_enabled)
+{
+	ck_assert(!kolo_metrics_enabled());
+	ck_assert_uint_eq(kolo_metrics_start(), 0);
+	kolo_metrics_coll_done(KOLO_MCOLL_ALLREDUCE, KOLO_MMODE_BLOCKING, 8, 0, KOLO_OK);
+	kolo_metrics_coll_observe(KOLO_MCOLL_ALLREDUCE, KOLO_MMODE_BLOCKING, 8, 10, KOLO_OK);
+	kolo_metrics_fusion_batch(2, 8, 64);
+	kolo_metrics_fusion_cycle(1);
+	kolo_metrics_transport_error(KOLO_MTRANSPORT_SHM, KOLO_EPEER);
+	kolo_metrics_enable();
+	ck_assert_uint_gt(kolo_metrics_start(), 0);
+	/* Started while off: counted, without a duration. */
+	kolo_metrics_coll_done(KOLO_MCOLL_BROADCAST, KOLO_MMODE_ASYNC, 8, 0, KOLO_OK);
+	char *t = render();
+	ck_assert_int_eq(
+	        sample(t, "kolo_collective_ops_total{collective=\"allreduce\",mode=\"blocking\"}"),
+	        0);
+	ck_assert_int_eq(
+	        sample(t, "kolo_collective_ops_total{collective=\"broadcast\",mode=\"async\"}"), 1);
+	ck_assert(!strstr(t, "kolo_collective_duration_seconds_bucket"));
+	ck_assert_int_eq(sample(t, "kolo_fusion_batches_total"), 0);
+	ck_assert_int_eq(sample(t, "kolo_fusion_cycles_total"), 0);
+	ck_assert(!strstr(t, "kolo_transport_errors_total{"));
+	free(t);
+}
+END_TEST
+
+static void enable(void)
+{
+	kolo_metrics_enable();
+}
+
 static Suite *metrics_suite(void)
 {
 	Suite *s = suite_create("metrics");
+	TCase *off = tcase_create("off");
+	tcase_add_test(off, off_until_enabled);
+	suite_add_tcase(s, off);
 	TCase *tc = tcase_create("metrics");
+	/* In the forked child of each test. */
+	tcase_add_checked_fixture(tc, enable, NULL);
 	tcase_add_test(tc, labels_escape_values);
 	tcase_add_test(tc, family_escapes_help);
 	tcase_add_test(tc, histogram_buckets_are_cumulative);

@@ -18,7 +18,7 @@ void fusion_engine_metrics_done(const struct kolo_engine *e, const struct fusion
                                 kolo_status_t st)
 {
 	int kind = o->op.kind;
-	if (kind <= 0 || kind >= KOLO_FK_COUNT || !kind_metric[kind])
+	if (!kolo_metrics_enabled() || kind <= 0 || kind >= KOLO_FK_COUNT || !kind_metric[kind])
 		return;
 	uint64_t elems = fusion_params_total(&o->p);
 	/* An allgather counts its output: every rank's count, known (in the
@@ -30,7 +30,6 @@ void fusion_engine_metrics_done(const struct kolo_engine *e, const struct fusion
 	}
 	uint64_t bytes =
 	        kind == KOLO_FK_BARRIER ? 0 : elems * kolo_dtype_size((kolo_dtype_t)o->p.dtype);
-	uint64_t now = kolo_now_ns();
 	kolo_metrics_coll_done((enum kolo_metrics_coll)(kind_metric[kind] - 1), KOLO_MMODE_ASYNC,
-	                       bytes, now > o->enqueued_ns ? now - o->enqueued_ns : 0, st);
+	                       bytes, o->enqueued_ns, st);
 }

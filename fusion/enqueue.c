@@ -233,7 +233,7 @@ kolo_status_t kolo_engine_enqueue(struct kolo_engine *e, const struct kolo_engin
 	struct fusion_queued_op *o = calloc(1, sizeof(*o));
 	if (!o)
 		return KOLO_ENOMEM;
-	o->enqueued_ns = kolo_now_ns();
+	o->enqueued_ns = kolo_metrics_start();
 	if (handle) {
 		o->h = fusion_handle_create(op->owner, 2);
 		if (!o->h) {

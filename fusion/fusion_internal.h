@@ -374,7 +374,7 @@ struct fusion_queued_op {
 	void **recvbufs;
 	size_t *gcounts;
 	kolo_handle_t *h;
-	uint64_t enqueued_ns; /* kolo_now_ns() at enqueue, for the metrics */
+	uint64_t enqueued_ns; /* kolo_metrics_start() at enqueue */
 };
 
 /* A set of names (the timeline's open negotiations). */
