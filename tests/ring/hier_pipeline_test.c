@@ -365,8 +365,8 @@ START_TEST(test_pipe_4x1_1x4)
 END_TEST
 
 /* Tiny buffers: fewer elements than ranks and chunks of one element, so
- * most blocks of most chunks are empty; and one large buffer in chunks of
- * a few segments. */
+ * most blocks of most chunks are empty; and one large buffer in 23
+ * (float32) and 11 (bfloat16) chunks of several segments each. */
 START_TEST(test_pipe_tiny_and_large)
 {
 	static const struct pcase tiny[] = {
@@ -390,7 +390,7 @@ START_TEST(test_pipe_tiny_and_large)
 	};
 	struct setup s2 = {.L = 2,
 	                   .H = 2,
-	                   .pipeline_bytes = 65536 + 7,
+	                   .pipeline_bytes = BIG_COUNT / 6 + 7,
 	                   .cases = large,
 	                   .ncases = 2,
 	                   .leaver = -1,
