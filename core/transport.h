@@ -42,6 +42,7 @@ enum kolo_handle_kind {
 	KOLO_HANDLE_TCP = 1,
 	KOLO_HANDLE_HYBRID = 'H',
 	KOLO_HANDLE_SHM = 'S',
+	KOLO_HANDLE_VERBS = 'V',
 };
 
 struct kolo_transport_config {
@@ -71,6 +72,21 @@ struct kolo_transport_config {
 	 * known). The hybrid transport (runtime/hybrid.h) reaches those through
 	 * shared memory; other transports ignore it. */
 	const bool *same_host;
+	/* The hybrid's transport between hosts (NULL: TCP). */
+	const struct kolo_transport_ops *net;
+	/* Verbs (transport_verbs.h): the device (NULL or "": the one behind
+	 * iface, else the first active), its port (0: the first active), the
+	 * GID index (-1 picks; a zeroed config means 0), slots per conn and
+	 * their size, the size from which messages are written in place, and
+	 * the registration cache's entries. 0 takes params.def's default,
+	 * except verbs_mr_cache (0: no cache). */
+	const char *ib_device;
+	int ib_port;
+	int ib_gid_index;
+	int verbs_slots;
+	size_t verbs_slot_bytes;
+	size_t verbs_rdv_bytes;
+	int verbs_mr_cache;
 };
 
 struct kolo_transport_ops;

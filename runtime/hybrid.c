@@ -276,7 +276,7 @@ static kolo_status_t hybrid_create(const struct kolo_transport_config *cfg,
                                    struct kolo_transport **out, struct kolo_errbuf *eb)
 {
 	const struct kolo_transport_ops *local = &kolo_transport_shm_ops;
-	const struct kolo_transport_ops *net = &kolo_transport_tcp_ops;
+	const struct kolo_transport_ops *net = cfg && cfg->net ? cfg->net : &kolo_transport_tcp_ops;
 	*out = NULL;
 	if (!cfg || cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size)
 		return kolo_fail(eb, KOLO_EINVAL, "hybrid: rank %d of %d", cfg ? cfg->rank : -1,

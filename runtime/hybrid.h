@@ -1,7 +1,8 @@
 /* hybrid: one transport endpoint made of two, routing each peer to shared
  * memory when cfg.same_host says it is on this host and to TCP otherwise.
  * The ring sees one transport; its handle carries both sub-handles. Every
- * multi-host job runs on it. */
+ * multi-host job runs on it. Between hosts it uses cfg->net (verbs) when
+ * set, else TCP. */
 #ifndef KOLO_RUNTIME_HYBRID_H
 #define KOLO_RUNTIME_HYBRID_H
 

@@ -194,10 +194,10 @@ kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
                                             struct kolo_transport_handle *out)
 {
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
-	const char *transport = kolo_param_str(KOLO_P_TRANSPORT);
-	if (strcmp(transport, "tcp") != 0)
-		return kolo_comm_fail(comm, KOLO_EUNSUPPORTED,
-		                      "KOLO_TRANSPORT=%s: only tcp is built in", transport);
+	const struct kolo_transport_ops *net = NULL;
+	kolo_status_t nst = kolo_runtime_net_select(comm, &net);
+	if (nst != KOLO_OK)
+		return nst;
 	struct kolo_transport_config tc = {
 	        .job = comm->job,
 	        .round = a->round,
@@ -216,6 +216,15 @@ kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
 	                KOLO_MAX(kolo_param_int(KOLO_P_PROBE_TIMEOUT_MS), 1), INT32_MAX),
 	        .tcp_chunk_bytes = (size_t)KOLO_MAX(kolo_param_int(KOLO_P_TCP_CHUNK_BYTES), 0),
 	        .shm_ring_bytes = (size_t)KOLO_MAX(kolo_param_int(KOLO_P_SHM_BUFFER), 0),
+	        .net = net,
+	        .ib_device = kolo_param_str(KOLO_P_IB_DEVICE),
+	        .ib_port = (int)KOLO_MAX(kolo_param_int(KOLO_P_IB_PORT), 0),
+	        .ib_gid_index = (int)KOLO_MAX(kolo_param_int(KOLO_P_IB_GID_INDEX), -1),
+	        .verbs_slots = (int)KOLO_MIN(KOLO_MAX(kolo_param_int(KOLO_P_VERBS_SLOTS), 0), 128),
+	        .verbs_slot_bytes = (size_t)KOLO_MAX(kolo_param_int(KOLO_P_VERBS_SLOT_BYTES), 0),
+	        .verbs_rdv_bytes = (size_t)KOLO_MAX(kolo_param_int(KOLO_P_VERBS_RDV_BYTES), 0),
+	        .verbs_mr_cache = (int)KOLO_MIN(KOLO_MAX(kolo_param_int(KOLO_P_VERBS_MR_CACHE), 0),
+	                                        INT32_MAX),
 	};
 	bool *same_host = calloc((size_t)a->size, sizeof(bool));
 	if (!same_host)

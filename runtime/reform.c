@@ -247,7 +247,10 @@ static kolo_status_t wait_members_answer(struct kolo_comm *comm, uint64_t end_ms
 			struct kolo_transport_handle h, net;
 			if (len == sizeof(h)) {
 				memcpy(h.bytes, data, sizeof(h));
+				/* Only a TCP handle can be probed (a verbs one names
+				 * no probe port). */
 				if (kolo_hybrid_net_handle(&h, &net) == KOLO_OK &&
+				    net.bytes[4] == KOLO_HANDLE_TCP &&
 				    !kolo_tcp_host_answers(&net, 1000))
 					silent = r;
 			}

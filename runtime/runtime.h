@@ -73,6 +73,11 @@ kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm);
 kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
                                             struct kolo_transport_handle *out);
 kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm);
+/* The transport between hosts that KOLO_TRANSPORT asks for (net_select.c):
+ * TCP, verbs (an error without an active RDMA port), or auto (verbs when
+ * every rank of the round has one, agreed through the KV). Logs the choice. */
+kolo_status_t kolo_runtime_net_select(struct kolo_comm *comm,
+                                      const struct kolo_transport_ops **net);
 
 /* A zeroed comm with its locks initialised, or NULL; comm_free's inverse. */
 struct kolo_comm *kolo_runtime_comm_new(void);

@@ -26,8 +26,8 @@ while [ $# -gt 0 ]; do
 done
 
 packages=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev
-	libcurl4-openssl-dev libssl-dev check curl iproute2 clang-format python3 python3-yaml
-	python3-numpy python3-torch python3-pytest)
+	libcurl4-openssl-dev libssl-dev libibverbs-dev check curl iproute2 clang-format python3
+	python3-yaml python3-numpy python3-torch python3-pytest)
 [ "$with_digits" = 1 ] && packages+=(python3-sklearn)
 missing=()
 for p in "${packages[@]}"; do

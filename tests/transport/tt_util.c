@@ -8,6 +8,7 @@
 #include "hybrid.h"
 #include "transport_shm.h"
 #include "transport_tcp.h"
+#include "transport_verbs.h"
 
 /* Hybrid layouts, every rank on 127.0.0.1 all the same. Hosts {0, 0, 1, 1}:
  * a pair (ranks 0 and 1) talks through shared memory; a ring of three
@@ -29,14 +30,19 @@ static const bool rank0_alone[TT_MAX_RANKS][TT_MAX_RANKS] = {
 };
 #endif
 
+/* The verbs emulation with completions of different QPs shuffled, so the
+ * protocol never leans on an order RC does not promise. */
+static const struct kolo_verbs_emu_opts verbs_ib = {.roce = false, .reorder = true};
+
 const struct tt_transport tt_transports[] = {
-        {"tcp", &kolo_transport_tcp_ops, true, NULL},
-        {"shm", &kolo_transport_shm_ops, true, NULL},
-        {"hybrid, pairs on one host", &kolo_transport_hybrid_ops, true, pairs_share},
+        {"tcp", &kolo_transport_tcp_ops, true, NULL, NULL, NULL},
+        {"shm", &kolo_transport_shm_ops, true, NULL, NULL, NULL},
+        {"hybrid, pairs on one host", &kolo_transport_hybrid_ops, true, pairs_share, NULL, NULL},
+        {"verbs (emulated InfiniBand)", &kolo_transport_verbs_ops, true, NULL, &verbs_ib, NULL},
 #if !defined(__SANITIZE_THREAD__)
         /* One layout of the hybrid is enough for ThreadSanitizer (the hybrid adds no
          * thread of its own), which runs the suite ten times slower. */
-        {"hybrid, rank 0 alone", &kolo_transport_hybrid_ops, true, rank0_alone},
+        {"hybrid, rank 0 alone", &kolo_transport_hybrid_ops, true, rank0_alone, NULL, NULL},
 #endif
 };
 const int tt_ntransports = (int)KOLO_ARRAY_SIZE(tt_transports);
@@ -46,6 +52,8 @@ struct kolo_transport_config tt_config(const struct tt_transport *tr, int rank, 
 {
 	static const char token[] = TT_TOKEN;
 	const bool *same_host = NULL;
+	if (tr && tr->verbs_emu)
+		kolo_verbs_emu_enable(tr->verbs_emu);
 	if (tr && tr->same_host) {
 		ck_assert_int_le(size, TT_MAX_RANKS);
 		same_host = tr->same_host[rank];
@@ -64,6 +72,14 @@ struct kolo_transport_config tt_config(const struct tt_transport *tr, int rank, 
 	        .socket_buffer = 0,
 	        .spin_us = 0,
 	        .same_host = same_host,
+	        .net = tr ? tr->net : NULL,
+	        .ib_gid_index = -1,
+	        /* Small slots and few of them: segments, credit stalls and the
+	         * in-place path all happen at the suites' sizes. */
+	        .verbs_slots = 8,
+	        .verbs_slot_bytes = 16384,
+	        .verbs_rdv_bytes = 65536,
+	        .verbs_mr_cache = 4,
 	};
 }
 

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "transport.h"
+#include "transport_verbs.h"
 
 /* Most ranks a test may use with a transport that has a host layout. */
 #define TT_MAX_RANKS 4
@@ -21,6 +22,11 @@ struct tt_transport {
 	/* The hybrid's host layout: same_host[r][q], whether ranks r and q
 	 * pretend to share a host (cfg.same_host of rank r); NULL: none. */
 	const bool (*same_host)[TT_MAX_RANKS];
+	/* Verbs: the emulation's options (tt_config enables it); NULL for the
+	 * other transports. The emulation tests the protocol, not a NIC. */
+	const struct kolo_verbs_emu_opts *verbs_emu;
+	/* The hybrid's transport between hosts (NULL: TCP). */
+	const struct kolo_transport_ops *net;
 };
 
 /* Every transport the suites run against. */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "transport_verbs.h"
 
 #ifndef KOLO_HAVE_CUDA
 #define KOLO_HAVE_CUDA 0
@@ -99,10 +100,38 @@ static void params_text(bool defaults_only)
 	}
 }
 
+/* What the verbs transport would find here. CI runs it against an
+ * emulation, which tests the protocol, not a NIC; this reports the real
+ * library and devices. */
+static void verbs_info(void)
+{
+	struct kolo_verbs_info vi;
+	kolo_verbs_query(&vi);
+	if (!vi.loaded) {
+		printf("verbs: unavailable: %s\n", vi.why);
+		return;
+	}
+	printf("verbs: libibverbs.so.1 loaded, %d device%s%s%s\n", vi.ndevs,
+	       vi.ndevs == 1 ? "" : "s", vi.why[0] ? ": " : "", vi.why);
+	for (int i = 0; i < vi.ndevs; i++) {
+		const struct kolo_verbs_dev_info *d = &vi.devs[i];
+		printf("  %s: %d port%s", d->name, d->nports, d->nports == 1 ? "" : "s");
+		for (int p = 0; p < d->nports && p < (int)KOLO_ARRAY_SIZE(d->ports); p++)
+			printf("%s port %d %s %s", p ? "," : ";", d->ports[p].port,
+			       d->ports[p].roce ? "RoCE" : "InfiniBand",
+			       d->ports[p].active ? "active" : "down");
+		printf("\n");
+	}
+	printf("verbs emulation: built in for the tests only (a protocol test double, not a "
+	       "NIC); never chosen by KOLO_TRANSPORT\n");
+}
+
 static void build_info(void)
 {
 	printf("kolo %s\n", KOLO_VERSION_STRING);
-	printf("transports: tcp (between hosts), shm (between ranks of one host)\n");
+	printf("transports: tcp (between hosts), shm (between ranks of one host), verbs "
+	       "(InfiniBand/RoCE between hosts; not yet run on hardware)\n");
+	verbs_info();
 	printf("usable cpus: %d (affinity mask, capped by the cgroup CPU quota)\n",
 	       kolo_cpu_count());
 	printf("cuda headers: %s\n", KOLO_HAVE_CUDA ? "found" : "not found");
