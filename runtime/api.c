@@ -3,6 +3,7 @@
 #include "runtime.h"
 
 #include "fusion.h"
+#include "metrics.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +98,7 @@ static kolo_status_t coll_exec(void *arg, struct kolo_ring_comm *rc)
 	return KOLO_EINVAL;
 }
 
-static kolo_status_t run(struct kolo_comm *comm, const char *fn, struct coll *c)
+static kolo_status_t run_coll(struct kolo_comm *comm, const char *fn, struct coll *c)
 {
 	pthread_mutex_lock(&comm->engine_lock);
 	struct kolo_engine *e = comm->engine;
@@ -110,6 +111,32 @@ static kolo_status_t run(struct kolo_comm *comm, const char *fn, struct coll *c)
 		kolo_comm_fail(comm, st, "%s: %s", fn, eb.msg);
 		st = kolo_runtime_elastic_failed(comm, st);
 	}
+	return st;
+}
+
+static const enum kolo_metrics_coll coll_metric[] = {
+        [C_ALLREDUCE] = KOLO_MCOLL_ALLREDUCE, [C_ALLGATHERV] = KOLO_MCOLL_ALLGATHER,
+        [C_BROADCAST] = KOLO_MCOLL_BROADCAST, [C_REDUCESCATTER] = KOLO_MCOLL_REDUCESCATTER,
+        [C_ALLTOALLV] = KOLO_MCOLL_ALLTOALL,  [C_BARRIER] = KOLO_MCOLL_BARRIER,
+};
+
+/* The bytes the metrics count (metrics.h): the buffer, the gathered output,
+ * the reducescatter's input, what alltoall sends. */
+static uint64_t coll_bytes(const struct kolo_comm *comm, const struct coll *c)
+{
+	uint64_t n = c->count; /* 0 for a barrier and the kinds with counts */
+	if (c->kind == C_ALLGATHERV || c->kind == C_REDUCESCATTER || c->kind == C_ALLTOALLV)
+		for (int i = 0; i < comm->assignment.size; i++)
+			n += c->counts[i];
+	return n * kolo_dtype_size(c->dtype);
+}
+
+static kolo_status_t run(struct kolo_comm *comm, const char *fn, struct coll *c)
+{
+	uint64_t t0 = kolo_metrics_start();
+	kolo_status_t st = run_coll(comm, fn, c);
+	kolo_metrics_coll_done(coll_metric[c->kind], KOLO_MMODE_BLOCKING, coll_bytes(comm, c), t0,
+	                       st);
 	return st;
 }
 

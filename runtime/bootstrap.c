@@ -176,6 +176,8 @@ KOLO_API kolo_status_t kolo_bootstrap_connect(kolo_bootstrap_t *b, const void *c
 	          a->rank, a->size, a->local_rank, a->local_size, a->cross_rank, a->cross_size,
 	          comm->job);
 	kolo_status_t st = kolo_runtime_ring_create(comm);
+	if (st == KOLO_OK)
+		st = kolo_runtime_metrics_start(comm);
 	if (st != KOLO_OK)
 		return kolo_runtime_init_fail(comm, st);
 	*out = comm;

@@ -5,6 +5,7 @@
 #include "kolo/async.h"
 #include "kolo/elastic.h"
 #include "membership.h"
+#include "metrics.h"
 #include "runtime.h"
 
 #include <inttypes.h>
@@ -115,6 +116,7 @@ KOLO_API kolo_status_t kolo_state_sync(kolo_state_t *s)
 			return st;
 	}
 	kolo_elastic_state_save(&s->st);
+	kolo_metrics_sync_done();
 	return KOLO_OK;
 }
 

@@ -14,6 +14,7 @@
 
 #include "fusion.h"
 #include "hybrid.h"
+#include "metrics.h"
 #include "transport_shm.h"
 #include "transport_tcp.h"
 
@@ -56,6 +57,8 @@ static void url_host(const char *url, char *out, size_t size)
 
 kolo_status_t kolo_runtime_report_rank(const struct kolo_comm *comm)
 {
+	kolo_metrics_set_assignment(comm->assignment.rank, comm->assignment.size,
+	                            comm->assignment.local_rank, comm->assignment.round);
 	int64_t fd = kolo_param_int(KOLO_P_LAUNCHER_FD);
 	if (fd < 0 || fd > INT32_MAX)
 		return KOLO_OK;
@@ -318,6 +321,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 {
 	if (!comm)
 		return;
+	kolo_runtime_metrics_stop(comm);
 	kolo_runtime_elastic_stop(comm);
 	kolo_engine_destroy(comm->engine);
 	kolo_ring_comm_destroy(comm->ring);
@@ -378,6 +382,8 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 		                                             "cannot determine the host name; set "
 		                                             "KOLO_HOSTNAME"));
 	kolo_log_set_identity(comm->host, -1);
+	if ((st = kolo_runtime_metrics_check(comm)) != KOLO_OK)
+		return kolo_runtime_init_fail(comm, st);
 	struct kolo_rdzv_client_config cc = {
 	        .url = url,
 	        .job = kolo_param_str(KOLO_P_JOB),
@@ -406,6 +412,8 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
 	kolo_log_set_identity(comm->host, a->rank);
 	kolo_runtime_report_rank(comm);
+	if ((st = kolo_runtime_metrics_start(comm)) != KOLO_OK)
+		return kolo_runtime_init_fail(comm, st);
 	KOLO_INFO(SUBSYS,
 	          "round %" PRId64 ": rank %d of %d, local %d of %d, cross %d of %d (worker %s)",
 	          a->round, a->rank, a->size, a->local_rank, a->local_size, a->cross_rank,

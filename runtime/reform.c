@@ -8,6 +8,7 @@
 #include "hybrid.h"
 #include "kolo/async.h"
 #include "kolo/elastic.h"
+#include "metrics.h"
 #include "runtime.h"
 #include "transport_tcp.h"
 
@@ -122,6 +123,7 @@ kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t 
 	pthread_mutex_unlock(&comm->elastic_lock);
 	if (first)
 		kolo_elastic_announce(comm->rdzv, round, comm->assignment.rank, true);
+	kolo_metrics_failure_seen();
 	return KOLO_EMEMBERSHIP;
 }
 
@@ -423,6 +425,7 @@ static kolo_status_t reform(struct kolo_comm *comm)
 			kolo_elastic_watch(comm->elastic, n->round, n->rank);
 			comm->reform_ns[3] = kolo_now_ns();
 			comm->resets++;
+			kolo_metrics_reform_done(comm->reform_ns, at_commit);
 			uint64_t t1 = kolo_now_ms();
 			KOLO_INFO(SUBSYS,
 			          "re-formed: round %" PRId64 " -> %" PRId64

@@ -45,6 +45,7 @@ struct kolo_comm {
 	int rejoins;             /* times this process joined again after an eviction */
 	bool left;               /* left the job (SIGTERM while re-forming) */
 	uint64_t reform_ns[4];   /* last reform: start, torn down, assigned, connected */
+	bool metrics;            /* holds a reference on the metrics server */
 };
 
 /* Tells the launcher (kolorun, through the pipe named by KOLO_LAUNCHER_FD)
@@ -108,6 +109,28 @@ void kolo_runtime_elastic_leave_job(struct kolo_comm *comm, const char *why);
 kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm);
 void kolo_runtime_elastic_stop(struct kolo_comm *comm);
 kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st);
+
+/* ---- the metrics endpoint (metrics_http.c) ------------------------------
+ * KOLO_METRICS_LISTEN is HOST:PORT or :PORT; a worker listens on PORT plus
+ * its local rank (so that the workers of one host do not collide), PORT 0
+ * on any free port. One server per process, started by its first comm. */
+
+/* Splits spec into host ("" for every address) and the port for local_rank;
+ * KOLO_EINVAL with the reason in eb for a malformed value. */
+kolo_status_t kolo_runtime_metrics_parse(const char *spec, int local_rank, char *host,
+                                         size_t host_size, int *port, struct kolo_errbuf *eb);
+/* Checks KOLO_METRICS_LISTEN's form before anything else happens (kolo_init
+ * calls it before joining, so a typo fails at once). */
+kolo_status_t kolo_runtime_metrics_check(struct kolo_comm *comm);
+/* Records comm's assignment in the metrics, and when KOLO_METRICS_LISTEN is
+ * set starts the server (the first comm of the process) or takes a
+ * reference on it. Fails with the comm's last error set. */
+kolo_status_t kolo_runtime_metrics_start(struct kolo_comm *comm);
+/* Drops comm's reference; the last one stops the server. Accepts a comm
+ * without one. */
+void kolo_runtime_metrics_stop(struct kolo_comm *comm);
+/* The port the server listens on, -1 when none runs. */
+int kolo_runtime_metrics_port(void);
 
 /* ---- argument checks (args.c) ------------------------------------------
  * The one judge of the public collectives' arguments: the blocking entry
