@@ -20,7 +20,12 @@ checked from its plain files, so the check runs without kubectl):
   - every KOLO_* / HOROVOD_* variable exists in core/params.def; every $(VAR) is defined;
   - one image everywhere, tagged with the project version; pods non-root, read-only root
     filesystem, no privilege escalation, no service links;
-  - Services and NetworkPolicies select the pods they are meant for.
+  - Services and NetworkPolicies select the pods they are meant for;
+  - with KOLO_METRICS_LISTEN=[HOST]:PORT on the workers: a container port per local rank
+    (PORT .. PORT + np - 1), the scrape annotations on PORT, the workers' NetworkPolicy opens
+    those ports to a namespace, and PodMonitors scrape ports that exist.
+The docs name the metrics that exist: the rendezvous server's (docs/kubernetes.md) and the
+workers' (docs/metrics.md, against core/metrics.c).
 And the Dockerfile: multi-stage on Debian 12, builds with scripts/setup.sh, numeric non-root
 USER, exec-form CMD/ENTRYPOINT, apt hygiene, ships every binary the manifests run.
 
@@ -100,6 +105,16 @@ def check_docs(root):
               "docs/kubernetes.md metrics differ from rendezvous/server_metrics.c: "
               "undocumented %s, not exported %s"
               % (sorted(exported - documented), sorted(documented - exported)))
+    doc = os.path.join(root, "docs", "metrics.md")
+    src = os.path.join(root, "core", "metrics.c")
+    if os.path.exists(doc) and os.path.exists(src):
+        with open(doc, encoding="utf-8") as f:
+            documented = set(re.findall(r"^\| `(kolo_[a-z0-9_]+)` \|", f.read(), re.M))
+        with open(src, encoding="utf-8") as f:
+            exported = set(re.findall(r'"(kolo_[a-z0-9_]+)"', f.read()))
+        check(documented == exported,
+              "docs/metrics.md differs from core/metrics.c: undocumented %s, not exported %s"
+              % (sorted(exported - documented), sorted(documented - exported)))
 
 
 def project_version(root):
@@ -165,6 +180,51 @@ def check_security(where, spec, container):
           where + ": enableServiceLinks must be false (Service env vars would use the KOLO_ prefix)")
     check(spec.get("automountServiceAccountToken") is False,
           where + ": automountServiceAccountToken should be false")
+
+
+def check_worker_metrics(label, by_kind, wc, wmeta, env, np, rmeta, rports):
+    """KOLO_METRICS_LISTEN=[HOST]:PORT (docs/metrics.md): a container port per local rank from
+    PORT, the scrape annotation on PORT, the workers' NetworkPolicy opens those ports to a
+    namespace, and every PodMonitor scrapes named ports that exist."""
+    listen = env.get("KOLO_METRICS_LISTEN", {}).get("value")
+    wlabels = wmeta.get("labels", {})
+    wnames = {p.get("name") for p in wc.get("ports", [])}
+    if listen:
+        m = re.fullmatch(r"(\[[^]]*\]|[^:]*):(\d+)", listen)
+        if check(m and int(m.group(2)) > 0 and np.isdigit(),
+                 label + ": KOLO_METRICS_LISTEN %r is not [HOST]:PORT with PORT > 0" % listen):
+            base, n = int(m.group(2)), int(np)
+            want = list(range(base, base + n))
+            got = sorted(p["containerPort"] for p in wc.get("ports", [])
+                         if str(p.get("name", "")).startswith("metrics"))
+            check(got == want, "%s: metrics container ports %s, want %s (PORT + local rank, "
+                  "-np %d)" % (label, got, want, n))
+            ann = wmeta.get("annotations", {})
+            if ann.get("prometheus.io/scrape") == "true":
+                check(str(ann.get("prometheus.io/port")) == str(base)
+                      and ann.get("prometheus.io/path") == "/metrics",
+                      label + ": worker scrape annotations must point at /metrics on PORT")
+            for np_ in by_kind.get("NetworkPolicy", []):
+                if not selects(np_["spec"]["podSelector"].get("matchLabels", {}), wlabels):
+                    continue
+                opened = [(p.get("port"), p.get("endPort", p.get("port")))
+                          for r in np_["spec"].get("ingress", []) for p in r.get("ports", [])
+                          if any("namespaceSelector" in f for f in r.get("from", []))]
+                check(any(isinstance(lo, int) and lo <= want[0] and want[-1] <= hi
+                          for lo, hi in opened),
+                      "%s: NetworkPolicy %s does not open the metrics ports %d-%d to a namespace"
+                      % (label, np_["metadata"]["name"], want[0], want[-1]))
+    for pm in by_kind.get("PodMonitor", []):
+        sel = pm["spec"].get("selector", {}).get("matchLabels", {})
+        ports = [e.get("port") for e in pm["spec"].get("podMetricsEndpoints", [])]
+        if selects(sel, wlabels):
+            check(set(ports) == {n for n in wnames if str(n).startswith("metrics")},
+                  "%s: PodMonitor %s scrapes %s, not every worker metrics port"
+                  % (label, pm["metadata"]["name"], ports))
+        elif check(selects(sel, rmeta.get("labels", {})),
+                   "%s: PodMonitor %s selects no kolo pod" % (label, pm["metadata"]["name"])):
+            check(all(p in rports for p in ports), "%s: PodMonitor %s scrapes ports %s the "
+                  "rendezvous does not name" % (label, pm["metadata"]["name"], ports))
 
 
 def check_set(label, objs, params, version, image_name):
@@ -304,6 +364,7 @@ def check_set(label, objs, params, version, image_name):
             check(int(min_np) == total == int(max_np),
                   "%s: pods x -np = %d must equal --min-np %s and --max-np %s"
                   % (label, total, min_np, max_np))
+    check_worker_metrics(label, by_kind, wc, wmeta, env, np, rmeta, cports)
     shm = [m for m in wc.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
     vols = {v["name"]: v for v in wspec.get("volumes", [])}
     check(shm and vols.get(shm[0]["name"], {}).get("emptyDir", {}).get("medium") == "Memory",
