@@ -2,6 +2,11 @@
  * transport between two processes on loopback.
  *
  *   kolo-transport-bench [-s streams,...] [-b bytes,...] [-n total_bytes] [-p spin_us]
+ *                        [-t tcp|verbs|verbs-emu]
+ *
+ * -t verbs runs the verbs transport instead, over the device KOLO_IB_DEVICE
+ * names (or the first active one): loopback through one HCA. verbs-emu runs
+ * it over the emulation (a protocol check, its figures say nothing of a NIC).
  *
  * For each stream count and message size: one-way throughput (rank 0 sends,
  * rank 1 receives, an 1-byte ack ends the timing), two-way throughput (both
@@ -15,6 +20,7 @@
 
 #include "core.h"
 #include "transport_tcp.h"
+#include "transport_verbs.h"
 
 static const struct kolo_transport_ops *ops = &kolo_transport_tcp_ops;
 static uint64_t spin_ns = 50000;
@@ -163,7 +169,7 @@ int main(int argc, char **argv)
 	int nstreams = 3, nsizes = 5;
 	size_t total = 1u << 30;
 	int opt;
-	while ((opt = getopt(argc, argv, "s:b:n:p:h")) != -1) {
+	while ((opt = getopt(argc, argv, "s:b:n:p:t:h")) != -1) {
 		switch (opt) {
 		case 's':
 			parse_list(optarg, streams_list, &nstreams, 8);
@@ -174,6 +180,17 @@ int main(int argc, char **argv)
 		case 'p':
 			spin_ns = (uint64_t)atoll(optarg) * 1000u;
 			break;
+		case 't':
+			if (strcmp(optarg, "verbs") == 0 || strcmp(optarg, "verbs-emu") == 0) {
+				ops = &kolo_transport_verbs_ops;
+				if (strcmp(optarg, "verbs-emu") == 0)
+					kolo_verbs_emu_enable(&(struct kolo_verbs_emu_opts){0});
+			} else if (strcmp(optarg, "tcp") != 0) {
+				fprintf(stderr,
+				        "kolo-transport-bench: -t tcp, verbs or verbs-emu\n");
+				return 2;
+			}
+			break;
 		case 'n': {
 			uint64_t v;
 			if (kolo_parse_size(optarg, &v) != KOLO_OK)
@@ -183,7 +200,8 @@ int main(int argc, char **argv)
 		}
 		default:
 			fprintf(stderr,
-			        "usage: %s [-s 1,2,4] [-b 8,64K,1M,64M] [-n 1G] [-p spin_us]\n",
+			        "usage: %s [-s 1,2,4] [-b 8,64K,1M,64M] [-n 1G] [-p spin_us] "
+			        "[-t tcp|verbs|verbs-emu]\n",
 			        argv[0]);
 			return 2;
 		}
@@ -204,6 +222,9 @@ int main(int argc, char **argv)
 		        .timeout_ms = 30000,
 		        .streams = streams,
 		        .iface = "127.0.0.1",
+		        .ib_device = getenv("KOLO_IB_DEVICE"),
+		        .ib_gid_index = -1,
+		        .verbs_mr_cache = 64,
 		};
 		struct kolo_transport *t0 = NULL;
 		struct kolo_transport_handle h0;
