@@ -23,6 +23,7 @@ struct fused_item {
 	struct batch_entry *ent;
 	size_t nent;
 	uint64_t bytes;
+	bool direct; /* fusion_item.direct */
 };
 
 /* Allreduce of one tensor straight from / to the caller's buffers. */
@@ -140,10 +141,9 @@ static kolo_status_t layout_build(struct batch_layout *l, struct fused_item **b,
 
 /* Copies [lo, hi) of the packed bytes into the fusion buffer, prescaled;
  * a joined rank's entries are zeros. */
-static void pack_window(struct kolo_engine *e, const struct fusion_params *p,
+static void pack_window(struct kolo_engine *e, kolo_dtype_t dt, double prescale,
                         const struct batch_layout *l, uint64_t lo, uint64_t hi)
 {
-	kolo_dtype_t dt = (kolo_dtype_t)p->dtype;
 	size_t esz = kolo_dtype_size(dt);
 	for (size_t k = 0; k < l->nent; k++) {
 		uint64_t a = KOLO_MAX(lo, l->entry_off[k]),
@@ -154,8 +154,8 @@ static void pack_window(struct kolo_engine *e, const struct fusion_params *p,
 		const uint8_t *src = (const uint8_t *)l->ent[k]->send + (a - l->entry_off[k]);
 		if (!l->ent[k]->send)
 			memset(dst, 0, z - a);
-		else if (p->prescale != 1.0)
-			kolo_scale(dst, src, (size_t)(z - a) / esz, dt, p->prescale);
+		else if (prescale != 1.0)
+			kolo_scale(dst, src, (size_t)(z - a) / esz, dt, prescale);
 		else
 			memcpy(dst, src, z - a);
 	}
@@ -227,7 +227,7 @@ static kolo_status_t run_packed(struct kolo_engine *e, struct fused_item **b, si
 		hi = total - lo > blk ? lo + blk : total;
 		if (tl)
 			tl_window(e, b, nb, l.item_off, lo, hi, "MEMCPY_IN_FUSION_BUFFER");
-		pack_window(e, p, &l, lo, hi);
+		pack_window(e, dt, p->prescale, &l, lo, hi);
 		if (tl) {
 			tl_window(e, b, nb, l.item_off, lo, hi, NULL);
 			tl_window(e, b, nb, l.item_off, lo, hi,
@@ -251,6 +251,86 @@ static kolo_status_t run_packed(struct kolo_engine *e, struct fused_item **b, si
 	return st;
 }
 
+/* A batch with direct items, as one allreduce over pieces: the packed items
+ * in the fusion buffer (copied in unscaled; the ring scales every piece
+ * alike) and each direct tensor from the caller's buffers. Which item is a
+ * piece depends on the negotiated sizes only, so every rank lays the pieces
+ * out alike (a rank that joined reduces zeros from scratch). */
+static kolo_status_t run_pieces(struct kolo_engine *e, struct fused_item **b, size_t nb,
+                                size_t nent, bool tl, char *msg, size_t len)
+{
+	const struct fusion_params *p = &b[0]->r->p;
+	kolo_dtype_t dt = (kolo_dtype_t)p->dtype;
+	size_t esz = kolo_dtype_size(dt);
+	struct fused_item **packed = calloc(nb, sizeof(*packed));
+	struct kolo_ring_piece *pc = calloc(nent + 1, sizeof(*pc));
+	void **scratch = calloc(nent + 1, sizeof(*scratch));
+	struct batch_layout l = {0};
+	kolo_status_t st = packed && pc && scratch ? KOLO_OK : KOLO_ENOMEM;
+	size_t npk = 0, npkent = 0, np = 1, ns = 0;
+	uint64_t ptotal = 0;
+	for (size_t i = 0; i < nb && st == KOLO_OK; i++) {
+		if (!b[i]->direct) {
+			packed[npk++] = b[i];
+			npkent += b[i]->nent;
+			ptotal += b[i]->bytes;
+			continue;
+		}
+		for (size_t k = 0; k < b[i]->nent && st == KOLO_OK; k++) {
+			const struct batch_entry *en = &b[i]->ent[k];
+			struct kolo_ring_piece *q = &pc[np++];
+			*q = (struct kolo_ring_piece){en->send, en->recv, en->count};
+			if (en->send && en->recv)
+				continue;
+			if (!(scratch[ns] = calloc(en->count ? en->count : 1, esz))) {
+				st = KOLO_ENOMEM;
+				break;
+			}
+			if (en->send) /* the result is discarded */
+				memcpy(scratch[ns], en->send, en->count * esz);
+			q->send = q->recv = scratch[ns++];
+		}
+	}
+	if (st == KOLO_OK && ptotal)
+		st = ensure_fbuf(e, (size_t)ptotal);
+	if (st == KOLO_OK && npk)
+		st = layout_build(&l, packed, npk, npkent, esz);
+	if (st == KOLO_OK) {
+		pc[0] = (struct kolo_ring_piece){e->fbuf, e->fbuf, (size_t)ptotal / esz};
+		if (tl)
+			tl_window(e, packed, npk, l.item_off, 0, ptotal, "MEMCPY_IN_FUSION_BUFFER");
+		pack_window(e, dt, 1.0, &l, 0, ptotal);
+		if (tl) {
+			tl_window(e, packed, npk, l.item_off, 0, ptotal, NULL);
+			for (size_t i = 0; i < nb; i++)
+				fusion_engine_tl_begin(e, b[i]->r->name,
+				                       fusion_kind_name(KOLO_FK_ALLREDUCE));
+		}
+		st = kolo_ring_allreduce_pieces(e->rc, pc, np, dt, (kolo_op_t)p->op, p->prescale,
+		                                p->postscale);
+		if (st != KOLO_OK) {
+			fusion_engine_ring_error(e, st, msg, len);
+		} else {
+			if (tl) {
+				for (size_t i = 0; i < nb; i++)
+					fusion_engine_tl_end(e, b[i]->r->name);
+				tl_window(e, packed, npk, l.item_off, 0, ptotal,
+				          "MEMCPY_OUT_FUSION_BUFFER");
+			}
+			unpack_window(e, dt, 1.0, &l, 0, ptotal);
+			if (tl)
+				tl_window(e, packed, npk, l.item_off, 0, ptotal, NULL);
+		}
+	}
+	layout_free(&l);
+	for (size_t i = 0; i < ns; i++)
+		free(scratch[i]);
+	free(scratch);
+	free(pc);
+	free(packed);
+	return st;
+}
+
 static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, size_t nb, char *msg,
                                size_t len)
 {
@@ -265,7 +345,12 @@ static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, siz
 	if (tl)
 		for (size_t i = 0; i < nb; i++)
 			fusion_engine_tl_end(e, b[i]->r->name); /* QUEUE */
-	if (nent == 1 || e->threshold == 0 || total > e->threshold)
+	uint64_t packed = 0;
+	for (size_t i = 0; i < nb; i++)
+		packed += b[i]->direct ? 0 : b[i]->bytes;
+	if (nent > 1 && packed < total && packed <= block_bytes(e, kolo_dtype_size(b[0]->r->p.dtype)))
+		return run_pieces(e, b, nb, nent, tl, msg, len);
+	if (nent == 1 || e->threshold == 0 || packed > e->threshold)
 		return run_unfused(e, b, nb, tl, msg, len);
 	if (total == 0)
 		return KOLO_OK;
@@ -449,13 +534,10 @@ static kolo_status_t fused_item_init(struct kolo_engine *e, struct fusion_respon
 		}
 		a->bytes += en->count * esz;
 	}
-	*item = (struct fusion_item){r->p.dtype,
-	                             r->p.op,
-	                             r->p.prescale,
-	                             r->p.postscale,
-	                             a->bytes,
-	                             r->p.kind == KOLO_FK_ALLREDUCE && e->cfg.direct_bytes &&
-	                                     a->bytes >= e->cfg.direct_bytes};
+	a->direct = r->p.kind == KOLO_FK_ALLREDUCE && e->cfg.direct_bytes &&
+	            a->bytes >= e->cfg.direct_bytes;
+	*item = (struct fusion_item){r->p.dtype,  r->p.op,  r->p.prescale,
+	                             r->p.postscale, a->bytes, a->direct};
 	return KOLO_OK;
 }
 

@@ -164,13 +164,15 @@ struct fusion_item {
 	uint8_t dtype, op;
 	double prescale, postscale;
 	uint64_t bytes;
-	bool solo; /* never packed with others */
+	/* Reduced from the caller's buffers: batched with items of its kind, but
+	 * its bytes take no room in the fusion buffer. */
+	bool direct;
 };
 
 /* Groups items (in order) into batches of the same dtype/op/scales whose
- * bytes fit in threshold, scanning ahead past items that do not match. An
- * item larger than the threshold, a solo item, or any item when threshold is
- * 0, is a batch of its own. batch_of[i] receives item i's batch number; batches are
+ * packed (not direct) bytes fit in threshold, scanning ahead past items that
+ * do not match. A packed item larger than the threshold, or any item when
+ * threshold is 0, is a batch of its own. batch_of[i] receives item i's batch number; batches are
  * numbered by their first item. Returns the number of batches. */
 size_t fusion_plan(const struct fusion_item *items, size_t n, uint64_t threshold, size_t *batch_of);
 

@@ -434,12 +434,23 @@ START_TEST(test_plan)
 	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 30, false}};
 	ck_assert_uint_eq(fusion_plan(it2, 3, 100, b), 2);
 	ck_assert_uint_eq(b[2], 0);
-	/* A solo item (large enough to skip the buffer) is never packed. */
-	it2[1].solo = true;
-	ck_assert_uint_eq(fusion_plan(it2, 3, 1000, b), 2);
-	ck_assert_uint_eq(b[0], 0);
-	ck_assert_uint_eq(b[1], 1);
+	/* A direct item (large enough to skip the buffer) joins the batch of its
+	 * kind without taking room: 60 + 60 packed would not fit in 100. */
+	it2[1].direct = true;
+	ck_assert_uint_eq(fusion_plan(it2, 3, 100, b), 1);
+	ck_assert_uint_eq(b[1], 0);
 	ck_assert_uint_eq(b[2], 0);
+	/* ... but a direct item of another kind does not. */
+	it2[1].dtype = KOLO_FLOAT16;
+	ck_assert_uint_eq(fusion_plan(it2, 3, 100, b), 2);
+	ck_assert_uint_eq(b[1], 1);
+	/* A direct item larger than the threshold is still batched. */
+	struct fusion_item it3[] = {{KOLO_FLOAT32, KOLO_SUM, 1, 1, 500, true},
+	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 30, false},
+	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 700, true}};
+	ck_assert_uint_eq(fusion_plan(it3, 3, 100, b), 1);
+	/* Threshold 0 still runs every item alone. */
+	ck_assert_uint_eq(fusion_plan(it3, 3, 0, b), 3);
 }
 END_TEST
 

@@ -18,19 +18,20 @@ size_t fusion_plan(const struct fusion_item *items, size_t n, uint64_t threshold
 			continue;
 		size_t b = nb++;
 		batch_of[i] = b;
-		if (threshold == 0 || items[i].solo || items[i].bytes >= threshold)
+		if (threshold == 0 || (!items[i].direct && items[i].bytes >= threshold))
 			continue;
-		uint64_t used = items[i].bytes;
+		uint64_t used = items[i].direct ? 0 : items[i].bytes;
 		/* Look ahead past items of another kind (mixed precision interleaves
 		 * float16 and float32 gradients) and past ones that no longer fit. */
-		for (size_t j = i + 1; j < n && used < threshold; j++) {
-			if (batch_of[j] != unset || items[j].solo ||
-			    !same_key(&items[i], &items[j]))
+		for (size_t j = i + 1; j < n; j++) {
+			if (batch_of[j] != unset || !same_key(&items[i], &items[j]))
 				continue;
-			if (items[j].bytes > threshold - used)
-				continue;
+			if (!items[j].direct) {
+				if (items[j].bytes > threshold - used)
+					continue;
+				used += items[j].bytes;
+			}
 			batch_of[j] = b;
-			used += items[j].bytes;
 		}
 	}
 	return nb;

@@ -94,6 +94,7 @@ kolo_status_t kolo_ring_comm_create(const struct kolo_ring_config *cfg, struct k
 	if (!rc)
 		return kolo_fail(eb, KOLO_ENOMEM, "ring: out of memory");
 	rc->cfg = *cfg;
+	rc->cfg.small_direct_ranks = KOLO_MIN(cfg->small_direct_ranks, KOLO_RING_DIRECT_MAX_RANKS);
 	rc->cfg.ranks = NULL; /* not kept: the copy is gmap */
 	rc->tag = KOLO_RING_TAG + cfg->tag_base;
 	if (cfg->ranks) {

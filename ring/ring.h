@@ -12,6 +12,14 @@
 #include "core.h"
 #include "transport.h"
 
+/* One buffer of a multi-buffer allreduce: count elements reduced from send
+ * into recv (send == recv: in place). */
+struct kolo_ring_piece {
+	const void *send;
+	void *recv;
+	size_t count;
+};
+
 /* ---- reduction kernels ------------------------------------------------ */
 
 /* dst[i] = dst[i] (op) src[i] for i < count. AVERAGE reduces as SUM (the
@@ -41,12 +49,19 @@ float kolo_bf16_to_f32(uint16_t h);
 typedef kolo_status_t (*kolo_ring_lookup_fn)(void *ctx, int rank, struct kolo_transport_handle *out,
                                              int timeout_ms);
 
+#define KOLO_RING_DIRECT_MAX_RANKS 16
+
 struct kolo_ring_config {
 	struct kolo_transport *transport; /* listening already; not owned */
 	int rank, size;
 	kolo_ring_lookup_fn lookup;
 	void *lookup_ctx;
 	size_t small_allreduce_bytes; /* ≤ this: latency-optimal algorithm */
+	/* Small allreduces of at most small_direct_bytes on comms of at most
+	 * small_direct_ranks (≤ KOLO_RING_DIRECT_MAX_RANKS) ranks: every rank sends
+	 * to every other, one round, instead of recursive doubling. */
+	int small_direct_ranks;
+	size_t small_direct_bytes;
 	size_t segment_bytes;         /* pipeline segment of the ring */
 	int timeout_ms;               /* connection set-up and progress */
 	int spin_us;                  /* spin before blocking in transport wait */
@@ -91,6 +106,14 @@ void kolo_ring_abort(struct kolo_ring_comm *rc, kolo_status_t st);
 kolo_status_t kolo_ring_allreduce(struct kolo_ring_comm *rc, const void *sendbuf, void *recvbuf,
                                   size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
                                   double postscale);
+/* The allreduce of n buffers as one collective: the result is that of
+ * allreducing each piece on its own, but the ring runs one pipeline over
+ * their concatenation, so it costs one allreduce of the total and no copies
+ * (the fusion engine's large tensors). Every rank passes the same counts. */
+kolo_status_t kolo_ring_allreduce_pieces(struct kolo_ring_comm *rc,
+                                         const struct kolo_ring_piece *pieces, size_t n,
+                                         kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                         double postscale);
 kolo_status_t kolo_ring_allgatherv(struct kolo_ring_comm *rc, const void *sendbuf, void *recvbuf,
                                    const size_t *counts, kolo_dtype_t dtype);
 kolo_status_t kolo_ring_broadcast(struct kolo_ring_comm *rc, void *buf, size_t count,

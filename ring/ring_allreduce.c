@@ -62,6 +62,44 @@ static kolo_status_t allreduce_rd(struct kolo_ring_comm *rc, char *buf, size_t c
 	return KOLO_OK;
 }
 
+/* buf ← the reduction over all ranks in one step: every rank sends its data
+ * to every other and reduces the n contributions itself, in rank order, so
+ * all ranks hold identical bits. One round instead of ⌈lg n⌉: on a host with
+ * more ranks than CPUs each round waits for a peer to be scheduled, and a
+ * rank whose data is sent need not run again for the others to finish. */
+static kolo_status_t allreduce_direct(struct kolo_ring_comm *rc, char *buf, size_t count,
+                                      kolo_dtype_t dtype, kolo_op_t op)
+{
+	const int n = rc->size, r = rc->rank;
+	const size_t bytes = count * kolo_dtype_size(dtype);
+	struct kolo_req *reqs[2 * KOLO_RING_DIRECT_MAX_RANKS];
+	int peers[2 * KOLO_RING_DIRECT_MAX_RANKS], np = 0;
+	for (int k = 1; k < n; k++)
+		peers[np++] = ring_wrap(r + k, n);
+	KOLO_CHECK(ring_ensure_conns(rc, peers, np));
+	KOLO_CHECK(ring_scratch_reserve(rc, bytes * (size_t)n));
+	char *slot = rc->scratch;
+	np = 0;
+	for (int k = 1; k < n; k++) {
+		int from = ring_wrap(r - k, n), to = ring_wrap(r + k, n);
+		kolo_status_t st = kolo_irecv(rc->conns[from], slot + (size_t)from * bytes, bytes,
+		                              &reqs[np]);
+		if (st != KOLO_OK)
+			return ring_peer_fail(rc, st, from, "receiving from");
+		peers[np++] = from;
+		st = kolo_isend(rc->conns[to], buf, bytes, &reqs[np]);
+		if (st != KOLO_OK)
+			return ring_peer_fail(rc, st, to, "sending to");
+		peers[np++] = to;
+	}
+	KOLO_CHECK(ring_wait_all(rc, reqs, peers, np));
+	memcpy(slot + (size_t)r * bytes, buf, bytes);
+	kolo_reduce3(buf, slot, slot + bytes, count, dtype, op);
+	for (int i = 2; i < n; i++)
+		kolo_reduce(buf, slot + (size_t)i * bytes, count, dtype, op);
+	return KOLO_OK;
+}
+
 kolo_status_t kolo_ring_allreduce(struct kolo_ring_comm *rc, const void *sendbuf, void *recvbuf,
                                   size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
                                   double postscale)
@@ -87,7 +125,10 @@ kolo_status_t kolo_ring_allreduce(struct kolo_ring_comm *rc, const void *sendbuf
 	}
 	if (n == 1 || algo == KOLO_RING_ALGO_SMALL) {
 		kolo_scale(recvbuf, sendbuf, count, dtype, prescale);
-		if (n > 1)
+		if (n > 1 && n <= rc->cfg.small_direct_ranks &&
+		    count * es <= rc->cfg.small_direct_bytes)
+			KOLO_CHECK(allreduce_direct(rc, recvbuf, count, dtype, op));
+		else if (n > 1)
 			KOLO_CHECK(allreduce_rd(rc, recvbuf, count, dtype, op));
 		if (postscale != 1.0)
 			kolo_scale(recvbuf, recvbuf, count, dtype, postscale);
@@ -106,4 +147,52 @@ kolo_status_t kolo_ring_allreduce(struct kolo_ring_comm *rc, const void *sendbuf
 	        .shift = 0,
 	};
 	return ring_stream_run(rc, &s, NULL, count);
+}
+
+kolo_status_t kolo_ring_allreduce_pieces(struct kolo_ring_comm *rc,
+                                         const struct kolo_ring_piece *pieces, size_t n,
+                                         kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                         double postscale)
+{
+	KOLO_CHECK(ring_enter(rc, "allreduce", dtype));
+	if ((unsigned)op >= KOLO_OP_COUNT)
+		return ring_bad_arg(rc, "invalid op %d", (int)op);
+	const size_t es = kolo_dtype_size(dtype);
+	size_t total = 0, nonempty = 0;
+	for (size_t i = 0; i < n; i++) {
+		total += pieces[i].count;
+		nonempty += pieces[i].count > 0;
+	}
+	/* One piece, or an algorithm other than the flat ring: one by one. */
+	if (nonempty <= 1 || rc->size == 1 ||
+	    kolo_ring_allreduce_algo(rc, total * es) != KOLO_RING_ALGO_RING) {
+		for (size_t i = 0; i < n; i++)
+			if (pieces[i].count)
+				KOLO_CHECK(kolo_ring_allreduce(rc, pieces[i].send, pieces[i].recv,
+				                               pieces[i].count, dtype, op, prescale,
+				                               postscale));
+		return KOLO_OK;
+	}
+	size_t *off = malloc((n + 1) * sizeof(*off));
+	if (!off)
+		return ring_fail(rc, KOLO_ENOMEM, "out of memory");
+	off[0] = 0;
+	for (size_t i = 0; i < n; i++)
+		off[i + 1] = off[i] + pieces[i].count;
+	struct ring_stream s = {
+	        .pieces = pieces,
+	        .piece_off = off,
+	        .npieces = n,
+	        .prescale = prescale,
+	        .postscale = op == KOLO_AVERAGE ? postscale / rc->size : postscale,
+	        .esize = es,
+	        .dtype = dtype,
+	        .op = op,
+	        .nrs = rc->size - 1,
+	        .nag = rc->size - 1,
+	        .shift = 0,
+	};
+	kolo_status_t st = ring_stream_run(rc, &s, NULL, total);
+	free(off);
+	return st;
 }

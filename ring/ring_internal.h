@@ -140,6 +140,14 @@ kolo_status_t ring_ensure_conns(struct kolo_ring_comm *rc, const int *peers, int
  * pipeline spans all steps. */
 struct ring_stream {
 	char *work;
+	/* Allreduce over several buffers (kolo_ring_allreduce_pieces): instead
+	 * of work and src, the logical concatenation of pieces; piece_off[i] is
+	 * the element offset of piece i (npieces + 1 entries). Segments are cut
+	 * so that none spans two pieces. */
+	const struct kolo_ring_piece *pieces;
+	const size_t *piece_off;
+	size_t npieces;
+	const size_t *cuts; /* per block nseg + 1 segment bounds; NULL: even */
 	/* Reduce-scatter only (nag == 0), instead of a full-size work: the block
 	 * a rank produces at RS step t (t = -1: its prescaled step-0 block) lives
 	 * in rot[(t + 2) % 2] until step t + 1 has sent it, so two block-sized

@@ -26,9 +26,51 @@ struct stream_run {
 
 static void seg_range(const struct ring_stream *s, int b, size_t k, size_t *off, size_t *len)
 {
+	if (s->cuts) {
+		const size_t *c = s->cuts + (size_t)b * (s->nseg + 1);
+		*off = c[k];
+		*len = c[k + 1] - c[k];
+		return;
+	}
 	size_t lo = s->blen[b] * k / s->nseg, hi = s->blen[b] * (k + 1) / s->nseg;
 	*off = s->boff[b] + lo;
 	*len = hi - lo;
+}
+
+/* The piece that holds element off (pieces only). */
+static const struct kolo_ring_piece *piece_at(const struct ring_stream *s, size_t off,
+                                              size_t *in)
+{
+	size_t lo = 0, hi = s->npieces; /* piece_off[lo] <= off < piece_off[hi] */
+	while (hi - lo > 1) {
+		size_t mid = (lo + hi) / 2;
+		if (s->piece_off[mid] <= off)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	*in = (off - s->piece_off[lo]) * s->esize;
+	return &s->pieces[lo];
+}
+
+/* Where element off of the result lives. */
+static char *work_at(const struct ring_stream *s, size_t off)
+{
+	if (!s->pieces)
+		return s->work + off * s->esize;
+	size_t in;
+	const struct kolo_ring_piece *p = piece_at(s, off, &in);
+	return (char *)p->recv + in;
+}
+
+/* Where element off of this rank's input lives (NULL: it has none). */
+static const char *src_at(const struct ring_stream *s, size_t off)
+{
+	if (!s->pieces)
+		return s->src ? s->src + off * s->esize : NULL;
+	size_t in;
+	const struct kolo_ring_piece *p = piece_at(s, off, &in);
+	return (const char *)p->send + in;
 }
 
 /* Where the segment at element offset off of block b lives once RS step t
@@ -36,16 +78,16 @@ static void seg_range(const struct ring_stream *s, int b, size_t k, size_t *off,
 static char *stream_block_at(const struct ring_stream *s, long t, int b, size_t off)
 {
 	if (!s->rot[0])
-		return s->work + off * s->esize;
+		return work_at(s, off);
 	return s->rot[(t + 2) % 2] + (off - s->boff[b]) * s->esize;
 }
 
 /* First touch of a segment in reduce-scatter: bring in this rank's data. */
 static void stream_load_own(const struct ring_stream *s, char *dst, size_t off, size_t len)
 {
-	if (!s->src)
+	const char *from = src_at(s, off);
+	if (!from)
 		return;
-	const char *from = s->src + off * s->esize;
 	if (from != dst || s->prescale != 1.0)
 		kolo_scale(dst, from, len, s->dtype, s->prescale);
 }
@@ -54,9 +96,16 @@ static void stream_load_own(const struct ring_stream *s, char *dst, size_t off, 
  * src: the step-0 block is sent from there (work's copy of that block is
  * only ever written, by the allgather), and each reduction reads src and the
  * received segment and writes work, so no byte of src is copied first. */
-static bool reads_src(const struct ring_stream *s)
+static bool reads_src(const struct ring_stream *s, size_t off)
 {
-	return s->src && (s->rot[0] || s->src != s->work) && s->prescale == 1.0;
+	if (s->prescale != 1.0)
+		return false;
+	if (s->pieces) {
+		size_t in;
+		const struct kolo_ring_piece *p = piece_at(s, off, &in);
+		return p->send != p->recv;
+	}
+	return s->src && (s->rot[0] || s->src != s->work);
 }
 
 /* Receives first, so the next segments arrive while we reduce. */
@@ -76,7 +125,7 @@ static kolo_status_t post_recvs(struct stream_run *run)
 		char *dst =
 		        step < (size_t)s->nrs
 		                ? rc->scratch + (run->rposted % RING_RECV_WINDOW) * run->segbytes
-		                : s->work + off * s->esize;
+		                : work_at(s, off);
 		kolo_status_t st = kolo_irecv(run->left, dst, len * s->esize,
 		                              &run->rreq[run->rposted % RING_RECV_WINDOW]);
 		if (st != KOLO_OK)
@@ -99,8 +148,8 @@ static kolo_status_t post_sends(struct stream_run *run)
 		seg_range(s, b, k, &off, &len);
 		const char *from = stream_block_at(s, (long)step - 1, b, off);
 		if (step == 0 && s->nrs > 0) {
-			if (reads_src(s))
-				from = s->src + off * s->esize;
+			if (reads_src(s, off))
+				from = src_at(s, off);
 			else
 				stream_load_own(s, (char *)from, off, len);
 		}
@@ -118,14 +167,14 @@ static void reduce_segment(struct stream_run *run)
 {
 	const struct ring_stream *s = run->s;
 	struct kolo_ring_comm *rc = run->rc;
-	const size_t step = run->done / s->nseg, k = run->done % s->nseg, es = s->esize;
+	const size_t step = run->done / s->nseg, k = run->done % s->nseg;
 	size_t off, len;
 	int b = ring_wrap(rc->rank + s->shift - (long)step - 1, rc->size);
 	seg_range(s, b, k, &off, &len);
 	char *dst = stream_block_at(s, (long)step, b, off);
 	const char *in = rc->scratch + (run->done % RING_RECV_WINDOW) * run->segbytes;
-	if (reads_src(s)) {
-		kolo_reduce3(dst, s->src + off * es, in, len, s->dtype, s->op);
+	if (reads_src(s, off)) {
+		kolo_reduce3(dst, src_at(s, off), in, len, s->dtype, s->op);
 	} else {
 		stream_load_own(s, dst, off, len);
 		kolo_reduce(dst, in, len, s->dtype, s->op);
@@ -171,6 +220,63 @@ static void stream_layout(struct kolo_ring_comm *rc, struct ring_stream *s, cons
 	s->blen = blen;
 	s->nseg = KOLO_MAX((maxlen + per - 1) / per, 1);
 	s->seg_elems = (maxlen + s->nseg - 1) / s->nseg;
+}
+
+/* Pieces: cuts each block into the same number of segments, none spanning two
+ * pieces and none longer than per elements (the largest piece of a block
+ * takes the segments a block with fewer pieces has spare). Every rank cuts
+ * alike. */
+static kolo_status_t stream_cut_pieces(struct kolo_ring_comm *rc, struct ring_stream *s,
+                                       size_t per, size_t **cuts_out)
+{
+	const int n = rc->size;
+	size_t K = 1;
+	for (int b = 0; b < n; b++) {
+		size_t lo = s->boff[b], hi = lo + s->blen[b], need = 0;
+		for (size_t p = 0; p < s->npieces; p++) {
+			size_t a = KOLO_MAX(lo, s->piece_off[p]), z = KOLO_MIN(hi, s->piece_off[p + 1]);
+			if (a < z)
+				need += (z - a + per - 1) / per;
+		}
+		K = KOLO_MAX(K, need);
+	}
+	size_t *cuts = calloc((size_t)n * (K + 1), sizeof(size_t));
+	if (!cuts)
+		return ring_fail(rc, KOLO_ENOMEM, "out of memory");
+	size_t most = 0;
+	for (int b = 0; b < n; b++) {
+		size_t lo = s->boff[b], hi = lo + s->blen[b], need = 0, big = 0, biglen = 0;
+		for (size_t p = 0; p < s->npieces; p++) {
+			size_t a = KOLO_MAX(lo, s->piece_off[p]), z = KOLO_MIN(hi, s->piece_off[p + 1]);
+			if (a >= z)
+				continue;
+			need += (z - a + per - 1) / per;
+			if (z - a > biglen) {
+				biglen = z - a;
+				big = p;
+			}
+		}
+		size_t *c = cuts + (size_t)b * (K + 1), k = 0;
+		c[0] = lo;
+		for (size_t p = 0; p < s->npieces; p++) {
+			size_t a = KOLO_MAX(lo, s->piece_off[p]), z = KOLO_MIN(hi, s->piece_off[p + 1]);
+			if (a >= z)
+				continue;
+			size_t m = (z - a + per - 1) / per + (p == big ? K - need : 0);
+			for (size_t j = 1; j <= m; j++) {
+				c[k + j] = a + (z - a) * j / m;
+				most = KOLO_MAX(most, c[k + j] - c[k + j - 1]);
+			}
+			k += m;
+		}
+		for (; k < K; k++) /* an empty block: empty segments */
+			c[k + 1] = hi;
+	}
+	s->nseg = K;
+	s->seg_elems = most;
+	s->cuts = cuts;
+	*cuts_out = cuts;
+	return KOLO_OK;
 }
 
 /* Sets run up to move s, whose layout is set. */
@@ -244,9 +350,15 @@ kolo_status_t ring_stream_run(struct kolo_ring_comm *rc, struct ring_stream *s,
 		counts = layout + 2 * n;
 	}
 	stream_layout(rc, s, counts, layout, layout + n);
-	kolo_status_t st = run_laid_out(rc, s);
+	size_t *cuts = NULL;
+	kolo_status_t st = KOLO_OK;
+	if (s->pieces)
+		st = stream_cut_pieces(rc, s, KOLO_MAX(rc->cfg.segment_bytes / s->esize, 1), &cuts);
+	if (st == KOLO_OK)
+		st = run_laid_out(rc, s);
+	free(cuts);
 	free(layout);
-	s->boff = s->blen = NULL;
+	s->boff = s->blen = s->cuts = NULL;
 	return st;
 }
 
@@ -262,6 +374,8 @@ kolo_status_t ring_stream_start(struct kolo_ring_comm *rc, struct ring_stream *s
 {
 	const int n = rc->size;
 	*out = NULL;
+	if (s->pieces) /* their cuts live in ring_stream_run */
+		return ring_fail(rc, KOLO_EINVAL, "a stream of pieces cannot be moved by its caller");
 	struct ring_stream_run *sr = calloc(1, sizeof(*sr) + 3 * (size_t)n * sizeof(size_t));
 	if (!sr)
 		return ring_fail(rc, KOLO_ENOMEM, "out of memory");

@@ -412,6 +412,96 @@ START_TEST(test_allreduce_small)
 }
 END_TEST
 
+/* ---- allreduce over pieces ------------------------------------------- */
+
+/* Piece layouts: empty pieces, one-element pieces, pieces shorter than a
+ * segment and longer than a block, in place and out of place mixed. */
+static const size_t piece_counts[][7] = {
+        {1001, 0, 1, 3, 5000, 0, 257},
+        {LARGE_COUNT / 3, 7, LARGE_COUNT / 2 + 5, 0, 0, 0, 0},
+        {2, 2, 2, 2, 2, 2, 2},
+};
+
+static void pieces_case(struct world *w, int rank, struct kolo_ring_comm *rc, kolo_dtype_t dt,
+                        kolo_op_t op, int layout, double pre, double post, uint64_t seed)
+{
+	const size_t *pc = piece_counts[layout];
+	const size_t np = KOLO_ARRAY_SIZE(piece_counts[0]);
+	size_t es = kolo_dtype_size(dt), total = 0;
+	for (size_t i = 0; i < np; i++)
+		total += pc[i];
+	char what[128];
+	snprintf(what, sizeof(what), "allreduce_pieces[%s %s layout=%d pre=%g post=%g]",
+	         kolo_dtype_name(dt), kolo_op_name(op), layout, pre, post);
+	/* in: this rank's input, concatenated; odd pieces are reduced in place
+	 * (a copy of their input), even ones out of place into out[i]. */
+	char *in = malloc(total * es + 1), *res = malloc(total * es + 1);
+	fill(in, total, dt, op, seed, rank);
+	g_in[rank] = in;
+	struct kolo_ring_piece pieces[KOLO_ARRAY_SIZE(piece_counts[0])];
+	size_t off = 0;
+	for (size_t i = 0; i < np; i++) {
+		char *o = malloc(pc[i] * es + 1);
+		if (i % 2)
+			memcpy(o, in + off * es, pc[i] * es);
+		else
+			memset(o, 0xA5, pc[i] * es);
+		pieces[i] = (struct kolo_ring_piece){i % 2 ? o : in + off * es, o, pc[i]};
+		off += pc[i];
+	}
+	world_sync(w);
+	kolo_status_t st = kolo_ring_allreduce_pieces(rc, pieces, np, dt, op, pre, post);
+	off = 0;
+	for (size_t i = 0; i < np; i++) {
+		memcpy(res + off * es, pieces[i].recv, pc[i] * es);
+		off += pc[i];
+		free(pieces[i].recv);
+	}
+	if (status_ok(w, rank, rc, st, what)) {
+		for (size_t i = 0; i < total; i++)
+			if (!check_reduced(w, rank, what, g_in, i, res, i, dt, op, pre, post))
+				break;
+	}
+	check_identical(w, rank, res, total * es, what);
+	free(in);
+	free(res);
+}
+
+static void pieces_body(struct world *w, int rank, struct kolo_ring_comm *rc)
+{
+	uint64_t seed = 500;
+	const kolo_dtype_t dts[] = {KOLO_FLOAT32, KOLO_FLOAT16, KOLO_INT64, KOLO_FLOAT64};
+	for (size_t d = 0; d < KOLO_ARRAY_SIZE(dts); d++)
+		for (int op = 0; op < KOLO_OP_COUNT; op++)
+			for (int layout = 0; layout < (int)KOLO_ARRAY_SIZE(piece_counts); layout++) {
+				kolo_ring_comm_tune(rc, layout == 2 ? SIZE_MAX : 0,
+				                    layout == 1 ? 4096 : 200);
+				pieces_case(w, rank, rc, dts[d], op, layout, 1, 1, seed++);
+				pieces_case(w, rank, rc, dts[d], op, layout, 0.5, 3, seed++);
+			}
+}
+
+START_TEST(test_allreduce_pieces)
+{
+	run(sizes[_i], pieces_body, NULL);
+}
+END_TEST
+
+/* ---- small allreduce, every rank to every rank ------------------------- */
+
+START_TEST(test_allreduce_direct)
+{
+	struct world w;
+	struct kolo_ring_config cfg = base_cfg();
+	cfg.small_direct_ranks = KOLO_RING_DIRECT_MAX_RANKS;
+	cfg.small_direct_bytes = SIZE_MAX;
+	world_init(&w, sizes[_i], &cfg);
+	struct ar_arg a = {SIZE_MAX, "direct"};
+	int failures = world_run(&w, allreduce_body, &a);
+	ck_assert_msg(failures == 0, "%d failures; first: %s", failures, w.first_failure);
+}
+END_TEST
+
 /* ---- allgatherv ------------------------------------------------------- */
 
 /* Pattern 0: equal counts (allgather); 1: uneven, every third rank empty. */
@@ -894,6 +984,8 @@ static Suite *ring_matrix_suite(void)
 	} cases[] = {
 	        {"allreduce_ring", test_allreduce_ring},
 	        {"allreduce_small", test_allreduce_small},
+	        {"allreduce_direct", test_allreduce_direct},
+	        {"allreduce_pieces", test_allreduce_pieces},
 	        {"allgatherv", test_allgatherv},
 	        {"broadcast", test_broadcast},
 	        {"reducescatter", test_reducescatter},
