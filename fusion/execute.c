@@ -348,7 +348,8 @@ static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, siz
 	uint64_t packed = 0;
 	for (size_t i = 0; i < nb; i++)
 		packed += b[i]->direct ? 0 : b[i]->bytes;
-	if (nent > 1 && packed < total && packed <= block_bytes(e, kolo_dtype_size(b[0]->r->p.dtype)))
+	if (nent > 1 && packed < total &&
+	    packed <= block_bytes(e, kolo_dtype_size(b[0]->r->p.dtype)))
 		return run_pieces(e, b, nb, nent, tl, msg, len);
 	if (nent == 1 || e->threshold == 0 || packed > e->threshold)
 		return run_unfused(e, b, nb, tl, msg, len);
@@ -536,7 +537,7 @@ static kolo_status_t fused_item_init(struct kolo_engine *e, struct fusion_respon
 	}
 	a->direct = r->p.kind == KOLO_FK_ALLREDUCE && e->cfg.direct_bytes &&
 	            a->bytes >= e->cfg.direct_bytes;
-	*item = (struct fusion_item){r->p.dtype,  r->p.op,  r->p.prescale,
+	*item = (struct fusion_item){r->p.dtype,     r->p.op,  r->p.prescale,
 	                             r->p.postscale, a->bytes, a->direct};
 	return KOLO_OK;
 }

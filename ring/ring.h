@@ -62,10 +62,10 @@ struct kolo_ring_config {
 	 * to every other, one round, instead of recursive doubling. */
 	int small_direct_ranks;
 	size_t small_direct_bytes;
-	size_t segment_bytes;         /* pipeline segment of the ring */
-	int timeout_ms;               /* connection set-up and progress */
-	int spin_us;                  /* spin before blocking in transport wait */
-	bool spin_yield;              /* sched_yield() while spinning (oversubscribed host) */
+	size_t segment_bytes; /* pipeline segment of the ring */
+	int timeout_ms;       /* connection set-up and progress */
+	int spin_us;          /* spin before blocking in transport wait */
+	bool spin_yield;      /* sched_yield() while spinning (oversubscribed host) */
 	/* Sub-comms (optional; zero/NULL for a comm of every rank): ranks[i] is the
 	 * transport (global) rank of member i, increasing; copied. tag_base is added
 	 * to the conns' tag, so that comms over one transport never share a conn.

@@ -82,8 +82,8 @@ static kolo_status_t allreduce_direct(struct kolo_ring_comm *rc, char *buf, size
 	np = 0;
 	for (int k = 1; k < n; k++) {
 		int from = ring_wrap(r - k, n), to = ring_wrap(r + k, n);
-		kolo_status_t st = kolo_irecv(rc->conns[from], slot + (size_t)from * bytes, bytes,
-		                              &reqs[np]);
+		kolo_status_t st =
+		        kolo_irecv(rc->conns[from], slot + (size_t)from * bytes, bytes, &reqs[np]);
 		if (st != KOLO_OK)
 			return ring_peer_fail(rc, st, from, "receiving from");
 		peers[np++] = from;

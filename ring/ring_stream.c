@@ -38,8 +38,7 @@ static void seg_range(const struct ring_stream *s, int b, size_t k, size_t *off,
 }
 
 /* The piece that holds element off (pieces only). */
-static const struct kolo_ring_piece *piece_at(const struct ring_stream *s, size_t off,
-                                              size_t *in)
+static const struct kolo_ring_piece *piece_at(const struct ring_stream *s, size_t off, size_t *in)
 {
 	size_t lo = 0, hi = s->npieces; /* piece_off[lo] <= off < piece_off[hi] */
 	while (hi - lo > 1) {
@@ -226,15 +225,16 @@ static void stream_layout(struct kolo_ring_comm *rc, struct ring_stream *s, cons
  * pieces and none longer than per elements (the largest piece of a block
  * takes the segments a block with fewer pieces has spare). Every rank cuts
  * alike. */
-static kolo_status_t stream_cut_pieces(struct kolo_ring_comm *rc, struct ring_stream *s,
-                                       size_t per, size_t **cuts_out)
+static kolo_status_t stream_cut_pieces(struct kolo_ring_comm *rc, struct ring_stream *s, size_t per,
+                                       size_t **cuts_out)
 {
 	const int n = rc->size;
 	size_t K = 1;
 	for (int b = 0; b < n; b++) {
 		size_t lo = s->boff[b], hi = lo + s->blen[b], need = 0;
 		for (size_t p = 0; p < s->npieces; p++) {
-			size_t a = KOLO_MAX(lo, s->piece_off[p]), z = KOLO_MIN(hi, s->piece_off[p + 1]);
+			size_t a = KOLO_MAX(lo, s->piece_off[p]),
+			       z = KOLO_MIN(hi, s->piece_off[p + 1]);
 			if (a < z)
 				need += (z - a + per - 1) / per;
 		}
@@ -247,7 +247,8 @@ static kolo_status_t stream_cut_pieces(struct kolo_ring_comm *rc, struct ring_st
 	for (int b = 0; b < n; b++) {
 		size_t lo = s->boff[b], hi = lo + s->blen[b], need = 0, big = 0, biglen = 0;
 		for (size_t p = 0; p < s->npieces; p++) {
-			size_t a = KOLO_MAX(lo, s->piece_off[p]), z = KOLO_MIN(hi, s->piece_off[p + 1]);
+			size_t a = KOLO_MAX(lo, s->piece_off[p]),
+			       z = KOLO_MIN(hi, s->piece_off[p + 1]);
 			if (a >= z)
 				continue;
 			need += (z - a + per - 1) / per;
@@ -259,7 +260,8 @@ static kolo_status_t stream_cut_pieces(struct kolo_ring_comm *rc, struct ring_st
 		size_t *c = cuts + (size_t)b * (K + 1), k = 0;
 		c[0] = lo;
 		for (size_t p = 0; p < s->npieces; p++) {
-			size_t a = KOLO_MAX(lo, s->piece_off[p]), z = KOLO_MIN(hi, s->piece_off[p + 1]);
+			size_t a = KOLO_MAX(lo, s->piece_off[p]),
+			       z = KOLO_MIN(hi, s->piece_off[p + 1]);
 			if (a >= z)
 				continue;
 			size_t m = (z - a + per - 1) / per + (p == big ? K - need : 0);
@@ -375,7 +377,8 @@ kolo_status_t ring_stream_start(struct kolo_ring_comm *rc, struct ring_stream *s
 	const int n = rc->size;
 	*out = NULL;
 	if (s->pieces) /* their cuts live in ring_stream_run */
-		return ring_fail(rc, KOLO_EINVAL, "a stream of pieces cannot be moved by its caller");
+		return ring_fail(rc, KOLO_EINVAL,
+		                 "a stream of pieces cannot be moved by its caller");
 	struct ring_stream_run *sr = calloc(1, sizeof(*sr) + 3 * (size_t)n * sizeof(size_t));
 	if (!sr)
 		return ring_fail(rc, KOLO_ENOMEM, "out of memory");

@@ -266,9 +266,11 @@ kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm)
 	        .lookup = lookup_peer,
 	        .lookup_ctx = comm,
 	        .small_allreduce_bytes = (size_t)kolo_param_int(KOLO_P_SMALL_ALLREDUCE_BYTES),
-	        .small_direct_ranks = (int)KOLO_MIN(KOLO_MAX(kolo_param_int(KOLO_P_SMALL_DIRECT_RANKS), 0),
-	                                            KOLO_RING_DIRECT_MAX_RANKS),
-	        .small_direct_bytes = (size_t)KOLO_MAX(kolo_param_int(KOLO_P_SMALL_DIRECT_BYTES), 0),
+	        .small_direct_ranks =
+	                (int)KOLO_MIN(KOLO_MAX(kolo_param_int(KOLO_P_SMALL_DIRECT_RANKS), 0),
+	                              KOLO_RING_DIRECT_MAX_RANKS),
+	        .small_direct_bytes =
+	                (size_t)KOLO_MAX(kolo_param_int(KOLO_P_SMALL_DIRECT_BYTES), 0),
 	        .segment_bytes = segment_bytes(all_shm),
 	        .timeout_ms = comm->timeout_ms,
 	        .spin_us = (int)kolo_param_int(KOLO_P_SPIN_US),

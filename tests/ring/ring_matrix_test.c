@@ -473,7 +473,8 @@ static void pieces_body(struct world *w, int rank, struct kolo_ring_comm *rc)
 	const kolo_dtype_t dts[] = {KOLO_FLOAT32, KOLO_FLOAT16, KOLO_INT64, KOLO_FLOAT64};
 	for (size_t d = 0; d < KOLO_ARRAY_SIZE(dts); d++)
 		for (int op = 0; op < KOLO_OP_COUNT; op++)
-			for (int layout = 0; layout < (int)KOLO_ARRAY_SIZE(piece_counts); layout++) {
+			for (int layout = 0; layout < (int)KOLO_ARRAY_SIZE(piece_counts);
+			     layout++) {
 				kolo_ring_comm_tune(rc, layout == 2 ? SIZE_MAX : 0,
 				                    layout == 1 ? 4096 : 200);
 				pieces_case(w, rank, rc, dts[d], op, layout, 1, 1, seed++);
