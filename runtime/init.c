@@ -177,6 +177,9 @@ static kolo_status_t hier_setup(struct kolo_comm *comm)
 	        .small_model =
 	                strcmp(kolo_param_source(KOLO_P_SMALL_ALLREDUCE_BYTES), "default") == 0,
 	        .local_segment_bytes = segment_bytes(shm_enabled()),
+	        .pipeline_bytes = kolo_param_int(KOLO_P_HIER_CHUNK_BYTES) < 0
+	                                  ? SIZE_MAX
+	                                  : (size_t)kolo_param_int(KOLO_P_HIER_CHUNK_BYTES),
 	};
 	struct kolo_errbuf eb = {{0}};
 	kolo_status_t st = kolo_ring_hier_enable(comm->ring, &hc, &eb);
