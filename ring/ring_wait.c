@@ -9,9 +9,12 @@
 
 #define WAIT_SLICE_MS 50
 
+/* The clock is read only once a pass finds nothing to do: 0 means "since the
+ * next idle pass", so a wait whose requests are already complete (most
+ * small-message steps) reads no clock at all. */
 void ring_waiter_init(struct ring_waiter *w)
 {
-	w->idle_since_ns = w->progress_ns = kolo_now_ns();
+	w->idle_since_ns = w->progress_ns = 0;
 }
 
 kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool progressed,
@@ -20,11 +23,13 @@ kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool p
 	int ab = atomic_load(&rc->aborted);
 	if (ab != KOLO_OK)
 		return ring_fail(rc, (kolo_status_t)ab, "aborted while %s", what);
-	uint64_t now = kolo_now_ns();
 	if (progressed) {
-		w->idle_since_ns = w->progress_ns = now;
+		w->idle_since_ns = w->progress_ns = 0;
 		return KOLO_OK;
 	}
+	uint64_t now = kolo_now_ns();
+	if (!w->idle_since_ns)
+		w->idle_since_ns = w->progress_ns = now;
 	if (now - w->idle_since_ns < (uint64_t)rc->cfg.spin_us * 1000u) {
 		/* More ranks than CPUs here: the peer we wait for may need this
 		 * CPU to make the progress we wait for. */

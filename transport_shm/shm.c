@@ -115,6 +115,11 @@ static void shm_destroy(struct kolo_transport *base)
 		t->conns = c->next_conn;
 		shm_conn_free(c);
 	}
+	while (t->free_reqs) {
+		struct kolo_req *r = t->free_reqs;
+		t->free_reqs = r->next;
+		free(r);
+	}
 	if (t->listen_fd >= 0)
 		close(t->listen_fd);
 	if (t->epfd >= 0)

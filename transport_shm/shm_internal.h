@@ -59,7 +59,7 @@ struct kolo_req {
 	uint8_t zero; /* the byte that stands for a zero-length message */
 	uint8_t *buf;
 	size_t len, moved;
-	struct kolo_req *prev, *next; /* in the conn's list for this direction */
+	struct kolo_req *prev, *next; /* in the conn's list for this direction; next: free list */
 };
 
 struct shm_req_list {
@@ -83,7 +83,13 @@ struct shm_conn {
 	struct shm_ring_ctl *tx, *rx;
 	uint8_t *txdata, *rxdata;
 	struct shm_req_list sends, recvs;
+	/* Deadlines without a clock read per message: the data path counts
+	 * progress, and the timeout check stamps last_progress_ns when it sees
+	 * the count move (so a timeout fires between timeout_ms and timeout_ms
+	 * plus one check interval after the last progress). */
+	uint64_t progress, progress_seen;
 	uint64_t last_progress_ns;
+	unsigned tests_unchecked; /* tests since the last timeout check */
 	uint64_t created_ns;
 	struct shm_conn *next_conn;
 };
@@ -103,6 +109,7 @@ struct shm_transport {
 	_Atomic int abort_status;
 	char name[48];
 	struct shm_conn *conns;
+	struct kolo_req *free_reqs; /* released requests, reused by the next post */
 };
 
 static inline struct shm_transport *shm_tr(struct kolo_transport *t)
