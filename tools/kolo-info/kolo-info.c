@@ -3,6 +3,7 @@
  *
  *   kolo-info                      version, build and parameters
  *   kolo-info --params [--markdown] [--defaults]
+ *   kolo-info --cuda               only the CUDA section
  *
  * --markdown writes the table docs/params.md is made of; --defaults leaves
  * out the current values (what the committed document holds). */
@@ -12,14 +13,8 @@
 #include <string.h>
 
 #include "core.h"
+#include "gpu.h"
 #include "transport_verbs.h"
-
-#ifndef KOLO_HAVE_CUDA
-#define KOLO_HAVE_CUDA 0
-#endif
-#ifndef KOLO_HAVE_NCCL
-#define KOLO_HAVE_NCCL 0
-#endif
 
 static const char *type_name(enum kolo_param_type t)
 {
@@ -126,6 +121,75 @@ static void verbs_info(void)
 	       "NIC); never chosen by KOLO_TRANSPORT\n");
 }
 
+/* "13.0" from CUDA's 13000, "2.28.9" from NCCL's 22809 (>= 2.9: 10000 x
+ * major + 100 x minor + patch; before: 1000 x major + 100 x minor + patch). */
+static const char *cuda_ver(int v, char *buf, size_t size)
+{
+	snprintf(buf, size, "%d.%d", v / 1000, v % 1000 / 10);
+	return buf;
+}
+
+static const char *nccl_ver(int v, char *buf, size_t size)
+{
+	if (v >= 20900)
+		snprintf(buf, size, "%d.%d.%d", v / 10000, v % 10000 / 100, v % 100);
+	else
+		snprintf(buf, size, "%d.%d.%d", v / 1000, v % 1000 / 100, v % 100);
+	return buf;
+}
+
+/* What kolo would find for device memory here (core/gpu.h): the build, the
+ * libraries found at run time, the driver, the GPUs, and what a collective
+ * does with a device pointer today. Every line starts with "cuda" or "nccl"
+ * so that scripts can cut the section out. */
+static void cuda_info(void)
+{
+	struct kolo_cuda_info ci;
+	char a[32], b[32];
+	kolo_cuda_query(&ci);
+	if (!ci.built) {
+		printf("cuda build: without CUDA (KOLO_WITH_CUDA=OFF, or no headers found)\n");
+	} else {
+		printf("cuda build: CUDA %s headers (CUDART_VERSION %d)",
+		       cuda_ver(ci.header_runtime, a, sizeof(a)), ci.header_runtime);
+		if (ci.nccl_built)
+			printf(", NCCL %s headers (NCCL_VERSION_CODE %d)",
+			       nccl_ver(ci.header_nccl, b, sizeof(b)), ci.header_nccl);
+		else
+			printf(", no NCCL headers");
+		printf("; libraries loaded at run time\n");
+	}
+	if (ci.cudart_path[0])
+		printf("cuda runtime: %s, version %s\n", ci.cudart_path,
+		       cuda_ver(ci.runtime_version, a, sizeof(a)));
+	else
+		printf("cuda runtime: none: %s\n", ci.why_cudart);
+	if (ci.driver_version)
+		printf("cuda driver: version %s\n", cuda_ver(ci.driver_version, a, sizeof(a)));
+	else
+		printf("cuda driver: none: %s\n", ci.why_driver);
+	if (ci.ngpus > 0) {
+		printf("cuda devices: %d visible\n", ci.ngpus);
+		for (int i = 0; i < ci.ngpus && i < KOLO_CUDA_MAX_GPUS; i++)
+			printf("cuda device %d: %s, %.1f GiB, compute capability %d.%d\n", i,
+			       ci.gpus[i].name, (double)ci.gpus[i].mem_bytes / (1 << 30),
+			       ci.gpus[i].cc_major, ci.gpus[i].cc_minor);
+	} else {
+		printf("cuda devices: none: %s\n", ci.why_gpus);
+	}
+	if (ci.nccl_path[0] && ci.nccl_version)
+		printf("nccl library: %s, version %s\n", ci.nccl_path,
+		       nccl_ver(ci.nccl_version, a, sizeof(a)));
+	else
+		printf("nccl library: none: %s\n", ci.why_nccl);
+	const char *why;
+	if (kolo_cuda_devices_visible(&why))
+		printf("cuda memory: device pointers are recognised and refused "
+		       "(KOLO_EUNSUPPORTED): the device data path is not built yet\n");
+	else
+		printf("cuda memory: every buffer is host memory: %s\n", why);
+}
+
 static void build_info(void)
 {
 	printf("kolo %s\n", KOLO_VERSION_STRING);
@@ -134,8 +198,7 @@ static void build_info(void)
 	verbs_info();
 	printf("usable cpus: %d (affinity mask, capped by the cgroup CPU quota)\n",
 	       kolo_cpu_count());
-	printf("cuda headers: %s\n", KOLO_HAVE_CUDA ? "found" : "not found");
-	printf("nccl headers: %s\n", KOLO_HAVE_NCCL ? "found" : "not found");
+	cuda_info();
 #if defined(__SANITIZE_ADDRESS__)
 	printf("sanitizer: address\n");
 #elif defined(__SANITIZE_THREAD__)
@@ -145,24 +208,30 @@ static void build_info(void)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kolo-info [--params] [--markdown] [--defaults] [--version] [--help]\n"
+	fprintf(f, "usage: kolo-info [--params] [--markdown] [--defaults] [--cuda] [--version] "
+	           "[--help]\n"
 	           "  (no option)   version, build contents and every parameter\n"
 	           "  --params      only the KOLO_* parameters\n"
 	           "  --markdown    the parameters as a Markdown table (docs/params.md)\n"
 	           "  --defaults    leave out the current values\n"
+	           "  --cuda        only the CUDA/NCCL section: build, libraries, driver, GPUs\n"
 	           "  --version     only the version\n");
 }
 
 int main(int argc, char **argv)
 {
 	static const struct option longs[] = {
-	        {"params", no_argument, NULL, 'p'},   {"markdown", no_argument, NULL, 'm'},
-	        {"defaults", no_argument, NULL, 'd'}, {"version", no_argument, NULL, 'v'},
-	        {"help", no_argument, NULL, 'h'},     {NULL, 0, NULL, 0},
+	        {"params", no_argument, NULL, 'p'},
+	        {"markdown", no_argument, NULL, 'm'},
+	        {"defaults", no_argument, NULL, 'd'},
+	        {"version", no_argument, NULL, 'v'},
+	        {"help", no_argument, NULL, 'h'},
+	        {"cuda", no_argument, NULL, 'c'},
+	        {NULL, 0, NULL, 0},
 	};
 	bool params = false, markdown = false, defaults = false;
 	int c;
-	while ((c = getopt_long(argc, argv, "pmdvh", longs, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "pmdvhc", longs, NULL)) != -1) {
 		switch (c) {
 		case 'p':
 			params = true;
@@ -178,6 +247,9 @@ int main(int argc, char **argv)
 			return 0;
 		case 'h':
 			usage(stdout);
+			return 0;
+		case 'c':
+			cuda_info();
 			return 0;
 		default:
 			usage(stderr);
