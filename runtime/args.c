@@ -5,6 +5,8 @@
  * see one. */
 #include "runtime.h"
 
+#include "gpu.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -98,12 +100,27 @@ kolo_status_t kolo_args_counts(struct kolo_comm *comm, const char *coll, const c
 	return KOLO_OK;
 }
 
+/* Until the device data path exists, memory the CPU cannot read is refused
+ * here rather than faulting inside a transport. Where no GPU is visible
+ * kolo_mem_kind is one branch (core/gpu.h). Managed memory is accepted: the
+ * CPU path reads it. */
+static kolo_status_t check_host(struct kolo_comm *comm, const char *coll, const char *what,
+                                const void *ptr)
+{
+	if (kolo_mem_kind(ptr) != KOLO_MEM_DEVICE)
+		return KOLO_OK;
+	return kolo_comm_fail(comm, KOLO_EUNSUPPORTED,
+	                      "%s: %s is CUDA device memory; CUDA device memory is not supported "
+	                      "yet by this build (pass host memory; docs/gpu.md)",
+	                      coll, what);
+}
+
 kolo_status_t kolo_args_buf(struct kolo_comm *comm, const char *coll, const char *what,
                             const void *buf, size_t count)
 {
 	if (!buf && count > 0)
 		return kolo_args_fail(comm, coll, "%s is NULL with %zu elements", what, count);
-	return KOLO_OK;
+	return check_host(comm, coll, what, buf);
 }
 
 kolo_status_t kolo_args_ptr(struct kolo_comm *comm, const char *coll, const char *what,
@@ -111,7 +128,7 @@ kolo_status_t kolo_args_ptr(struct kolo_comm *comm, const char *coll, const char
 {
 	if (!ptr)
 		return kolo_args_fail(comm, coll, "%s is NULL", what);
-	return KOLO_OK;
+	return check_host(comm, coll, what, ptr);
 }
 
 kolo_status_t kolo_args_name(struct kolo_comm *comm, const char *coll, const char *what,

@@ -140,8 +140,10 @@ int kolo_runtime_metrics_port(void);
  * "<collective>: <what is wrong>", where <collective> is the family's name
  * ("allreduce", "allgather" for allgather(v), "alltoall" for alltoall(v),
  * ...), never the entry point's. A NULL comm is KOLO_EINVAL with no message
- * (kolo_last_error(NULL) says "comm is NULL"). The layers below may assert
- * what these check, but do not judge it again. */
+ * (kolo_last_error(NULL) says "comm is NULL"). A buffer in CUDA device
+ * memory (core/gpu.h) is KOLO_EUNSUPPORTED, "<collective>: <buffer> is CUDA
+ * device memory; ...", until the device data path exists. The layers below
+ * may assert what these check, but do not judge it again. */
 
 /* The per-collective checks both paths share, in this order: comm, dtype,
  * op, scale factors (finite), byte counts (no size_t overflow), buffers (NULL
