@@ -48,6 +48,7 @@ struct kolo_ring_comm {
 	int *gmap;                   /* sub-comm: global rank of each member; NULL: identity */
 	int tag;                     /* transport tag of every conn of this comm */
 	struct kolo_ring_hier *hier; /* hierarchical allreduce; NULL when not enabled */
+	uint64_t spin_ns;            /* the spin of ring_idle now (adaptive, ring_wait.c) */
 };
 
 /* The transport's (global) rank of member i. */
@@ -95,9 +96,12 @@ kolo_status_t ring_scratch_reserve(struct kolo_ring_comm *rc, size_t bytes);
 struct ring_waiter {
 	uint64_t idle_since_ns;
 	uint64_t progress_ns;
+	uint64_t blocked_ns; /* when this wait first blocked in the transport; 0: not yet */
 };
 
 void ring_waiter_init(struct ring_waiter *w);
+/* A waiting loop is done: a wait that had blocked adapts the comm's spin. */
+void ring_waiter_end(struct kolo_ring_comm *rc, struct ring_waiter *w);
 /* Called once per polling pass: spins while the pass made progress or the
  * spin time has not run out, else blocks in the transport for a slice.
  * Fails the comm on abort, on cfg.timeout_ms without progress, or when the

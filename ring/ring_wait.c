@@ -1,20 +1,52 @@
-/* Waiting on requests. Every loop polls its requests with test(), spins for
- * cfg.spin_us without progress, then blocks in the transport's wait() for at
- * most WAIT_SLICE_MS and checks for abort; cfg.timeout_ms without any
- * progress fails the comm. */
+/* Waiting on requests. Every loop polls its requests with test(), spins
+ * without progress for the comm's spin time, then blocks in the transport's
+ * wait() for at most WAIT_SLICE_MS and checks for abort; cfg.timeout_ms
+ * without any progress fails the comm.
+ *
+ * The spin time adapts (docs/collectives.md, "Waiting"): it starts at
+ * cfg.spin_us; a wait that blocked and was answered within SPIN_MAX_NS of
+ * blocking doubles it (up to SPIN_MAX_NS), a longer one halves it (down to
+ * cfg.spin_us). On a busy host a rank that blocks gives its CPU away and
+ * waits to be scheduled again when its peer answers; the peer, answered late
+ * in turn, blocks too, and every later message pays a wake-up (tens of µs
+ * each). Spinning as long as answers come that fast ends that convoy, while a
+ * rank that waits long (a slow peer, compute between collectives) spins at
+ * most SPIN_MAX_NS per wait before it sleeps. */
 #include <sched.h>
 #include <stdatomic.h>
 
 #include "ring_internal.h"
 
 #define WAIT_SLICE_MS 50
+#define SPIN_MAX_NS   1000000u
 
 /* The clock is read only once a pass finds nothing to do: 0 means "since the
  * next idle pass", so a wait whose requests are already complete (most
  * small-message steps) reads no clock at all. */
 void ring_waiter_init(struct ring_waiter *w)
 {
-	w->idle_since_ns = w->progress_ns = 0;
+	w->idle_since_ns = w->progress_ns = w->blocked_ns = 0;
+}
+
+/* A wait that had blocked made progress `blocked` ns after it blocked. */
+static void adapt_spin(struct kolo_ring_comm *rc, uint64_t blocked)
+{
+	uint64_t base = (uint64_t)rc->cfg.spin_us * 1000u;
+	if (!base)
+		return; /* spinning disabled */
+	if (blocked < SPIN_MAX_NS)
+		rc->spin_ns =
+		        KOLO_MIN(KOLO_MAX(rc->spin_ns, base) * 2, KOLO_MAX(SPIN_MAX_NS, base));
+	else
+		rc->spin_ns = KOLO_MAX(rc->spin_ns / 2, base);
+}
+
+void ring_waiter_end(struct kolo_ring_comm *rc, struct ring_waiter *w)
+{
+	if (w->blocked_ns) {
+		adapt_spin(rc, kolo_now_ns() - w->blocked_ns);
+		w->blocked_ns = 0;
+	}
 }
 
 kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool progressed,
@@ -24,19 +56,22 @@ kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool p
 	if (ab != KOLO_OK)
 		return ring_fail(rc, (kolo_status_t)ab, "aborted while %s", what);
 	if (progressed) {
+		ring_waiter_end(rc, w);
 		w->idle_since_ns = w->progress_ns = 0;
 		return KOLO_OK;
 	}
 	uint64_t now = kolo_now_ns();
 	if (!w->idle_since_ns)
 		w->idle_since_ns = w->progress_ns = now;
-	if (now - w->idle_since_ns < (uint64_t)rc->cfg.spin_us * 1000u) {
+	if (now - w->idle_since_ns < KOLO_MAX(rc->spin_ns, (uint64_t)rc->cfg.spin_us * 1000u)) {
 		/* More ranks than CPUs here: the peer we wait for may need this
 		 * CPU to make the progress we wait for. */
 		if (rc->cfg.spin_yield)
 			sched_yield();
 		return KOLO_OK;
 	}
+	if (!w->blocked_ns)
+		w->blocked_ns = now;
 	uint64_t waited_ms = (now - w->progress_ns) / 1000000u;
 	int slice = WAIT_SLICE_MS;
 	if (rc->cfg.timeout_ms > 0) {
@@ -81,8 +116,10 @@ kolo_status_t ring_wait_all(struct kolo_ring_comm *rc, struct kolo_req **reqs, c
 			                         &progressed));
 			pending |= reqs[i] != NULL;
 		}
-		if (!pending)
+		if (!pending) {
+			ring_waiter_end(rc, &w);
 			return KOLO_OK;
+		}
 		kolo_status_t st = ring_idle(rc, &w, progressed, "waiting for peers");
 		if (st == KOLO_ETIMEDOUT && atomic_load(&rc->aborted) == KOLO_OK) {
 			/* A silent peer: name the first one we still wait for. */
