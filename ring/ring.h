@@ -66,6 +66,10 @@ struct kolo_ring_config {
 	int timeout_ms;       /* connection set-up and progress */
 	int spin_us;          /* spin before blocking in transport wait */
 	bool spin_yield;      /* sched_yield() while spinning (oversubscribed host) */
+	/* Otherwise, sched_yield() once a spin has lasted this long (0: never):
+	 * a peer that the scheduler put on this rank's CPU cannot answer while
+	 * this rank spins there. */
+	int spin_yield_after_us;
 	/* Sub-comms (optional; zero/NULL for a comm of every rank): ranks[i] is the
 	 * transport (global) rank of member i, increasing; copied. tag_base is added
 	 * to the conns' tag, so that comms over one transport never share a conn.

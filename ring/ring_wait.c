@@ -32,8 +32,10 @@ void ring_waiter_init(struct ring_waiter *w)
 static void adapt_spin(struct kolo_ring_comm *rc, uint64_t blocked)
 {
 	uint64_t base = (uint64_t)rc->cfg.spin_us * 1000u;
-	if (!base)
-		return; /* spinning disabled */
+	/* Spinning disabled, or a spin that never yields: spinning longer
+	 * would hold off a peer that shares our CPU. */
+	if (!base || (!rc->cfg.spin_yield && rc->cfg.spin_yield_after_us <= 0))
+		return;
 	if (blocked < SPIN_MAX_NS)
 		rc->spin_ns =
 		        KOLO_MIN(KOLO_MAX(rc->spin_ns, base) * 2, KOLO_MAX(SPIN_MAX_NS, base));
@@ -66,7 +68,9 @@ kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool p
 	if (now - w->idle_since_ns < KOLO_MAX(rc->spin_ns, (uint64_t)rc->cfg.spin_us * 1000u)) {
 		/* More ranks than CPUs here: the peer we wait for may need this
 		 * CPU to make the progress we wait for. */
-		if (rc->cfg.spin_yield)
+		if (rc->cfg.spin_yield ||
+		    (rc->cfg.spin_yield_after_us > 0 &&
+		     now - w->idle_since_ns >= (uint64_t)rc->cfg.spin_yield_after_us * 1000u))
 			sched_yield();
 		return KOLO_OK;
 	}

@@ -278,6 +278,7 @@ kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm)
 	        .timeout_ms = comm->timeout_ms,
 	        .spin_us = (int)kolo_param_int(KOLO_P_SPIN_US),
 	        .spin_yield = spin_yield(a),
+	        .spin_yield_after_us = param_is(KOLO_P_SPIN_YIELD, "0", "off", "false") ? 0 : 5,
 	};
 	struct kolo_errbuf eb = {{0}};
 	kolo_status_t st = kolo_ring_comm_create(&rc, &comm->ring, &eb);
