@@ -183,7 +183,7 @@ static kolo_status_t tcp_connect(struct kolo_transport *kt,
 		return kolo_fail(&kt->err, KOLO_EINVAL, "rank %d's handle is not a TCP handle",
 		                 peer_rank);
 	bool local = tcp_transport_same_host(t, &ss);
-	int nstreams = t->streams ? t->streams : local ? 1 : 2;
+	int nstreams = t->streams ? t->streams : 1; /* measured: docs/transport.md */
 	struct tcp_conn *c = tcp_conn_new(t, peer_rank, tag, nstreams);
 	if (!c)
 		return kolo_fail(&kt->err, KOLO_ENOMEM, "out of memory");
