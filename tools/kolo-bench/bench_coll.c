@@ -13,7 +13,14 @@
  * With --check, the buffers are refilled and one more iteration runs; every
  * output element is compared with a float64 reference that each rank computes
  * from the known inputs: element i of rank r is a small integer that depends
- * on (r, i), so sums are exact in every dtype (8-bit sums up to 15 ranks). */
+ * on (r, i), so sums are exact in every dtype (8-bit sums up to 15 ranks).
+ *
+ * With --device cuda the collective's buffers are CUDA device memory
+ * (bench_cuda.c; each rank on GPU local rank mod the GPUs): the inputs are
+ * written into host buffers and copied up with cudaMemcpy before the sweep
+ * and before the checked iteration, and the outputs are copied back and
+ * checked as the host path checks them. The timed loop is the collective
+ * alone: a blocking collective returns with its result on the device. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -48,6 +55,7 @@ struct opts {
 	int iters, warmup; /* 0: chosen per size */
 	int root;
 	bool check, json, inplace, cpu;
+	bool device; /* --device cuda */
 };
 
 /* One size of the sweep: element counts of this rank's buffers. */
@@ -64,7 +72,10 @@ struct bench {
 	kolo_comm_t *comm;
 	int rank, size;
 	size_t esize;
-	void *sendbuf, *recvbuf;
+	void *sendbuf, *recvbuf; /* what the collective gets: host or device memory */
+	void *hsend, *hrecv;     /* their host images (the same buffers on the host) */
+	size_t send_bytes, recv_bytes;
+	struct bench_dev dev;
 	double *times;
 };
 
@@ -86,6 +97,8 @@ static void usage(FILE *f, const char *name)
 	        "      --inplace         allreduce with sendbuf == recvbuf\n"
 	        "      --json            one JSON object per size instead of the table\n"
 	        "      --cpu             add CPU time columns to the table (always in JSON)\n"
+	        "      --device KIND     cpu (default): host buffers; cuda: CUDA device buffers\n"
+	        "                        (GPU local rank mod GPUs), checked through host copies\n"
 	        "Sizes are the total buffer, as in nccl-tests: the gathered output of\n"
 	        "allgather, the input of reducescatter, one rank's send buffer of alltoall.\n",
 	        name);
@@ -138,7 +151,7 @@ static int parse_int(const char *s, int lo, int *out)
 	return 0;
 }
 
-enum { OPT_JSON = 256, OPT_INPLACE, OPT_CPU };
+enum { OPT_JSON = 256, OPT_INPLACE, OPT_CPU, OPT_DEVICE };
 
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
@@ -156,6 +169,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 	        {"json", no_argument, NULL, OPT_JSON},
 	        {"inplace", no_argument, NULL, OPT_INPLACE},
 	        {"cpu", no_argument, NULL, OPT_CPU},
+	        {"device", required_argument, NULL, OPT_DEVICE},
 	        {"help", no_argument, NULL, 'h'},
 	        {NULL, 0, NULL, 0},
 	};
@@ -220,6 +234,17 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_CPU:
 			o->cpu = true;
+			break;
+		case OPT_DEVICE:
+			if (strcmp(optarg, "cuda") == 0)
+				o->device = true;
+			else if (strcmp(optarg, "cpu") == 0)
+				o->device = false;
+			else {
+				fprintf(stderr, "kolo-bench %s: --device is cpu or cuda, not '%s'\n",
+				        argv[0], optarg);
+				return 2;
+			}
 			break;
 		case 'h':
 			usage(stdout, argv[0]);
@@ -481,18 +506,40 @@ static double busbw_factor(enum coll c, int n)
 
 /* The poison left in outputs before a checked run: 0x5a bytes are never a
  * correct result (1.5e16 as float32, 90 as int8). */
-static void fill(struct bench *b, const struct shape *s, bool poison)
+static void fill_host(struct bench *b, const struct shape *s, bool poison)
 {
 	kolo_dtype_t dt = b->o.dtype;
 	kolo_op_t op = b->o.op;
-	void *in = b->o.inplace || b->o.coll == C_BROADCAST ? b->recvbuf : b->sendbuf;
+	void *in = b->o.inplace || b->o.coll == C_BROADCAST ? b->hrecv : b->hsend;
 	if (poison)
-		memset(b->recvbuf, 0x5a, s->recv_count * b->esize);
+		memset(b->hrecv, 0x5a, s->recv_count * b->esize);
 	if (b->o.coll == C_BROADCAST && b->rank != b->o.root)
 		return;
 	int r = b->o.coll == C_BROADCAST ? b->o.root : b->rank;
 	for (size_t i = 0; i < s->send_count; i++)
 		store(in, i, dt, value(r, i, op, dt));
+}
+
+/* Fills the inputs (and, with poison, the outputs); on the device through
+ * the host images. 0, or -1 with the reason printed. */
+static int fill(struct bench *b, const struct shape *s, bool poison)
+{
+	fill_host(b, s, poison);
+	if (!b->o.device)
+		return 0;
+	char why[512];
+	bool in_recv = b->o.inplace || b->o.coll == C_BROADCAST;
+	/* In place (and broadcast) the input is the output buffer: send_count
+	 * == recv_count there. */
+	if ((!in_recv &&
+	     bench_cuda_copy(b->sendbuf, b->hsend, s->send_count * b->esize, why, sizeof(why))) ||
+	    ((poison || in_recv) &&
+	     bench_cuda_copy(b->recvbuf, b->hrecv, s->recv_count * b->esize, why, sizeof(why)))) {
+		fprintf(stderr, "kolo-bench: rank %d: filling the device buffers: %s\n", b->rank,
+		        why);
+		return -1;
+	}
+	return 0;
 }
 
 /* The number of output elements that differ from the reference. */
@@ -531,7 +578,7 @@ static uint64_t verify(const struct bench *b, const struct shape *s)
 			store(tmp, 0, dt, ref);
 			ref = load(tmp, 0, dt);
 		}
-		if (!matches(load(b->recvbuf, i, dt), ref, dt, op))
+		if (!matches(load(b->hrecv, i, dt), ref, dt, op))
 			wrong++;
 	}
 	return wrong;
@@ -604,8 +651,13 @@ static void print_header(const struct bench *b)
 		         o->inplace ? "in place" : "out of place");
 	else if (o->coll == C_BROADCAST)
 		snprintf(extra, sizeof(extra), ", root %d", o->root);
-	printf("# kolo-bench %s: %d ranks, dtype %s%s, check %s\n", coll_names[o->coll], b->size,
-	       kolo_dtype_name(o->dtype), extra, o->check ? "on" : "off");
+	printf("# kolo-bench %s: %d ranks, dtype %s%s, check %s, device %s\n",
+	       coll_names[o->coll], b->size, kolo_dtype_name(o->dtype), extra,
+	       o->check ? "on" : "off", o->device ? "cuda" : "cpu");
+	if (o->device)
+		printf("# device: rank 0 on cuda:%d %s (%d visible; ranks take local rank mod "
+		       "GPUs)\n",
+		       b->dev.ordinal, b->dev.name, b->dev.count);
 	printf("# %12s %12s %8s %6s %11s %11s %10s %10s %7s%s\n", "bytes", "count", "dtype",
 	       "iters", "time_us", "median_us", "algbw_GB/s", "busbw_GB/s", "wrong",
 	       o->cpu ? "     cpu_us bus_GB/cpu_s" : "");
@@ -635,10 +687,10 @@ static void print_row(const struct bench *b, const struct row *r)
 		printf("{\"op\":\"%s\",\"bytes\":%" PRIu64 ",\"count\":%zu,\"dtype\":\"%s\","
 		       "\"ranks\":%d,\"time_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,"
 		       "\"wrong\":%s,\"median_us\":%.3f,\"iters\":%d,\"cpu_s\":%.6g,"
-		       "\"bus_gb_per_cpu_s\":%.4f",
+		       "\"bus_gb_per_cpu_s\":%.4f,\"device\":\"%s\"",
 		       coll_names[o->coll], r->bytes, r->count, kolo_dtype_name(o->dtype), b->size,
 		       r->time_s * 1e6, algbw, busbw, wrong, r->median_s * 1e6, r->iters, r->cpu_s,
-		       per_cpu);
+		       per_cpu, o->device ? "cuda" : "cpu");
 		if (o->coll == C_ALLREDUCE || o->coll == C_REDUCESCATTER)
 			printf(",\"redop\":\"%s\"", kolo_op_name(o->op));
 		if (o->coll == C_ALLREDUCE)
@@ -669,7 +721,8 @@ static int bench_size(struct bench *b, uint64_t req_bytes, int *any_wrong)
 	const char *what = coll_names[o->coll];
 	kolo_status_t st;
 
-	fill(b, &s, false);
+	if (fill(b, &s, false) != 0)
+		return 1;
 	for (int i = 0; i < warmup; i++)
 		if ((st = run_once(b, &s)) != KOLO_OK)
 			return fail_coll(b, what, bytes, st);
@@ -694,9 +747,17 @@ static int bench_size(struct bench *b, uint64_t req_bytes, int *any_wrong)
 
 	uint64_t wrong = 0;
 	if (o->check) {
-		fill(b, &s, true);
+		if (fill(b, &s, true) != 0)
+			return 1;
 		if ((st = run_once(b, &s)) != KOLO_OK)
 			return fail_coll(b, what, bytes, st);
+		char why[512];
+		if (b->o.device && bench_cuda_copy(b->hrecv, b->recvbuf, s.recv_count * b->esize,
+		                                   why, sizeof(why)) != 0) {
+			fprintf(stderr, "kolo-bench: rank %d: reading the result back: %s\n", b->rank,
+			        why);
+			return 1;
+		}
 		wrong = verify(b, &s);
 	}
 
@@ -762,15 +823,30 @@ int kolo_bench_coll(int argc, char **argv)
 
 	/* Buffers for the largest size, allocated once. */
 	struct shape big = shape_for(&b, b.o.max_bytes);
-	b.sendbuf = alloc_buf(big.send_count * b.esize);
-	b.recvbuf = alloc_buf((big.recv_count > big.send_count ? big.recv_count : big.send_count) *
-	                      b.esize);
+	b.send_bytes = big.send_count * b.esize;
+	b.recv_bytes = (big.recv_count > big.send_count ? big.recv_count : big.send_count) * b.esize;
+	b.hsend = alloc_buf(b.send_bytes);
+	b.hrecv = alloc_buf(b.recv_bytes);
 	int max_iters = b.o.iters ? b.o.iters : 200;
 	b.times = calloc((size_t)max_iters, sizeof(double));
-	if (!b.sendbuf || !b.recvbuf || !b.times) {
+	if (!b.hsend || !b.hrecv || !b.times) {
 		fprintf(stderr, "kolo-bench: rank %d: out of memory for %" PRIu64 " bytes\n",
 		        b.rank, b.o.max_bytes);
 		goto out;
+	}
+	b.sendbuf = b.hsend;
+	b.recvbuf = b.hrecv;
+	if (b.o.device) {
+		char why[512];
+		memset(b.hsend, 0, b.send_bytes);
+		memset(b.hrecv, 0, b.recv_bytes);
+		b.sendbuf = b.recvbuf = NULL;
+		if (bench_cuda_open(kolo_local_rank(b.comm), &b.dev, why, sizeof(why)) != 0 ||
+		    !(b.sendbuf = bench_cuda_malloc(b.send_bytes, why, sizeof(why))) ||
+		    !(b.recvbuf = bench_cuda_malloc(b.recv_bytes, why, sizeof(why)))) {
+			fprintf(stderr, "kolo-bench: rank %d: --device cuda: %s\n", b.rank, why);
+			goto out;
+		}
 	}
 	if (b.rank == 0 && !b.o.json)
 		print_header(&b);
@@ -793,8 +869,12 @@ int kolo_bench_coll(int argc, char **argv)
 		fprintf(stderr, "kolo-bench: %s: wrong elements found\n", coll_names[b.o.coll]);
 out:
 	free(b.times);
-	free(b.sendbuf);
-	free(b.recvbuf);
+	if (b.o.device) {
+		bench_cuda_free(b.sendbuf);
+		bench_cuda_free(b.recvbuf);
+	}
+	free(b.hsend);
+	free(b.hrecv);
 	st = kolo_finalize(b.comm);
 	if (st != KOLO_OK && rc == 0) {
 		fprintf(stderr, "kolo-bench: kolo_finalize: %s\n", kolo_status_name(st));

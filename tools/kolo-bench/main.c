@@ -19,6 +19,7 @@ static const struct subcommand subcommands[] = {
         {"reducescatter", "kolo_reducescatter (bytes = the input total)"},
         {"alltoall", "kolo_alltoall (bytes = one rank's send buffer)"},
         {"barrier", "kolo_barrier latency"},
+        {"copybw", "pinned host <-> device copy bandwidth (CUDA)"},
         {"rendezvous", "rendezvous server: joins, KV and round formation"},
         {"fusion", "fusion engine: many small named tensors"},
         {"elastic", "elastic: time to re-form after a failure"},
@@ -37,6 +38,8 @@ static bench_fn lookup(const char *name)
 {
 	if (kolo_bench_coll_known(name))
 		return kolo_bench_coll;
+	if (strcmp(name, "copybw") == 0)
+		return kolo_bench_copybw;
 	if (strcmp(name, "rendezvous") == 0)
 		return kolo_bench_rendezvous;
 	if (strcmp(name, "fusion") == 0)
