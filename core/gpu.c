@@ -10,7 +10,9 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
+#include <time.h>
 
 #include "core.h"
 
@@ -83,6 +85,26 @@ struct cudart_api {
 	cudaError_t (*get_device_properties)(struct cudaDeviceProp *, int);
 	cudaError_t (*device_get_attribute)(int *, enum cudaDeviceAttr, int);
 	cudaError_t (*get_last_error)(void);
+	/* The data path's (gpu.h); when one is missing, dp_missing names it and
+	 * only the data path is off. */
+	cudaError_t (*set_device)(int);
+	cudaError_t (*get_device)(int *);
+	cudaError_t (*malloc_)(void **, size_t);
+	cudaError_t (*free_)(void *);
+	cudaError_t (*malloc_host)(void **, size_t);
+	cudaError_t (*free_host)(void *);
+	cudaError_t (*memcpy_async)(void *, const void *, size_t, enum cudaMemcpyKind,
+	                            cudaStream_t);
+	cudaError_t (*memset_async)(void *, int, size_t, cudaStream_t);
+	cudaError_t (*stream_create_with_flags)(cudaStream_t *, unsigned int);
+	cudaError_t (*stream_destroy)(cudaStream_t);
+	cudaError_t (*stream_query)(cudaStream_t);
+	cudaError_t (*stream_wait_event)(cudaStream_t, cudaEvent_t, unsigned int);
+	cudaError_t (*event_create_with_flags)(cudaEvent_t *, unsigned int);
+	cudaError_t (*event_destroy)(cudaEvent_t);
+	cudaError_t (*event_record)(cudaEvent_t, cudaStream_t);
+	cudaError_t (*event_query)(cudaEvent_t);
+	const char *(*get_error_name)(cudaError_t);
 };
 
 static struct cudart_api rt;
@@ -90,7 +112,8 @@ static bool rt_loaded;
 static char rt_path[256];
 static int rt_version, rt_driver, rt_ngpus;
 static char rt_why_cudart[KOLO_CUDA_WHY_SIZE], rt_why_driver[KOLO_CUDA_WHY_SIZE],
-        rt_why_gpus[KOLO_CUDA_WHY_SIZE];
+        rt_why_gpus[KOLO_CUDA_WHY_SIZE], rt_why_dp[KOLO_CUDA_WHY_SIZE];
+static bool dp_ok; /* every data-path entry point resolved */
 
 /* Casts through void * are how dlsym hands out functions (POSIX). */
 #define RESOLVE(field, name)                                                                       \
@@ -150,6 +173,30 @@ static void load_runtime(void)
 	RESOLVE(get_device_properties, "cudaGetDeviceProperties");
 	RESOLVE(device_get_attribute, "cudaDeviceGetAttribute");
 	RESOLVE(get_last_error, "cudaGetLastError");
+	const char *core_missing = missing;
+	missing = NULL;
+	RESOLVE(set_device, "cudaSetDevice");
+	RESOLVE(get_device, "cudaGetDevice");
+	RESOLVE(malloc_, "cudaMalloc");
+	RESOLVE(free_, "cudaFree");
+	RESOLVE(malloc_host, "cudaMallocHost");
+	RESOLVE(free_host, "cudaFreeHost");
+	RESOLVE(memcpy_async, "cudaMemcpyAsync");
+	RESOLVE(memset_async, "cudaMemsetAsync");
+	RESOLVE(stream_create_with_flags, "cudaStreamCreateWithFlags");
+	RESOLVE(stream_destroy, "cudaStreamDestroy");
+	RESOLVE(stream_query, "cudaStreamQuery");
+	RESOLVE(stream_wait_event, "cudaStreamWaitEvent");
+	RESOLVE(event_create_with_flags, "cudaEventCreateWithFlags");
+	RESOLVE(event_destroy, "cudaEventDestroy");
+	RESOLVE(event_record, "cudaEventRecord");
+	RESOLVE(event_query, "cudaEventQuery");
+	RESOLVE(get_error_name, "cudaGetErrorName");
+	dp_ok = !missing;
+	lib_path(dlsym(h, "cudaGetDeviceCount"), rt_path, sizeof(rt_path));
+	if (missing)
+		snprintf(rt_why_dp, sizeof(rt_why_dp), "%.200s lacks %s", rt_path, missing);
+	missing = core_missing;
 	lib_path(dlsym(h, "cudaGetDeviceCount"), rt_path, sizeof(rt_path));
 	if (missing) {
 		snprintf(rt_why_cudart, sizeof(rt_why_cudart), "%.200s lacks %s", rt_path, missing);
@@ -307,6 +354,368 @@ bool kolo_cuda_devices_visible(const char **why)
 		*why = visible ? "" : rt_why;
 	return visible;
 }
+
+/* ---- the data path's runtime calls (gpu.h) ------------------------------ */
+
+#if KOLO_HAVE_CUDA
+
+bool kolo_gpu_usable(const char **why)
+{
+	const char *w = NULL;
+	bool ok = kolo_cuda_devices_visible(&w) && dp_ok;
+	if (why)
+		*why = ok ? "" : (dp_ok ? w : rt_why_dp);
+	return ok;
+}
+
+/* The status for CUDA error e of call, with its message in eb; CUDA's last
+ * error is cleared so that the application's cudaGetLastError does not see
+ * kolo's. */
+static kolo_status_t cuda_fail(struct kolo_errbuf *eb, const char *call, cudaError_t e)
+{
+	rt.get_last_error();
+	kolo_status_t st = e == cudaErrorMemoryAllocation ? KOLO_ENOMEM : KOLO_ESYSTEM;
+	return kolo_fail(eb, st, "%s: %s (%s)", call, rt.get_error_string(e), rt.get_error_name(e));
+}
+
+#define USABLE(eb)                                                                                 \
+	do {                                                                                       \
+		const char *why_;                                                                  \
+		if (!kolo_gpu_usable(&why_))                                                       \
+			return kolo_fail(eb, KOLO_EUNSUPPORTED, "CUDA is not usable: %s", why_);   \
+	} while (0)
+
+#define CALL(eb, name, expr)                                                                       \
+	do {                                                                                       \
+		cudaError_t e_ = (expr);                                                           \
+		if (e_ != cudaSuccess)                                                             \
+			return cuda_fail(eb, name, e_);                                            \
+	} while (0)
+
+kolo_status_t kolo_gpu_ptr_device(const void *ptr, int *ordinal, struct kolo_errbuf *eb)
+{
+	USABLE(eb);
+	struct cudaPointerAttributes a;
+	memset(&a, 0, sizeof(a));
+	CALL(eb, "cudaPointerGetAttributes", rt.pointer_get_attributes(&a, ptr));
+	if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+		return kolo_fail(eb, KOLO_EINVAL, "%p is not device memory", ptr);
+	*ordinal = a.device;
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_gpu_set_device(int ordinal, struct kolo_errbuf *eb)
+{
+	USABLE(eb);
+	CALL(eb, "cudaSetDevice", rt.set_device(ordinal));
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_gpu_get_device(int *ordinal, struct kolo_errbuf *eb)
+{
+	USABLE(eb);
+	CALL(eb, "cudaGetDevice", rt.get_device(ordinal));
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_gpu_malloc(void **ptr, size_t bytes, struct kolo_errbuf *eb)
+{
+	*ptr = NULL;
+	USABLE(eb);
+	CALL(eb, "cudaMalloc", rt.malloc_(ptr, bytes ? bytes : 1));
+	return KOLO_OK;
+}
+
+void kolo_gpu_free(void *ptr)
+{
+	if (ptr && dp_ok && rt.free_(ptr) != cudaSuccess)
+		rt.get_last_error();
+}
+
+kolo_status_t kolo_gpu_host_alloc(void **ptr, size_t bytes, struct kolo_errbuf *eb)
+{
+	*ptr = NULL;
+	USABLE(eb);
+	CALL(eb, "cudaMallocHost", rt.malloc_host(ptr, bytes ? bytes : 1));
+	return KOLO_OK;
+}
+
+void kolo_gpu_host_free(void *ptr)
+{
+	if (ptr && dp_ok && rt.free_host(ptr) != cudaSuccess)
+		rt.get_last_error();
+}
+
+kolo_status_t kolo_gpu_memcpy_async(void *dst, const void *src, size_t bytes, void *stream,
+                                    struct kolo_errbuf *eb)
+{
+	if (!bytes)
+		return KOLO_OK;
+	CALL(eb, "cudaMemcpyAsync",
+	     rt.memcpy_async(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream));
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_gpu_memset_async(void *dst, int value, size_t bytes, void *stream,
+                                    struct kolo_errbuf *eb)
+{
+	if (!bytes)
+		return KOLO_OK;
+	CALL(eb, "cudaMemsetAsync", rt.memset_async(dst, value, bytes, (cudaStream_t)stream));
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_gpu_stream_create(void **stream, struct kolo_errbuf *eb)
+{
+	*stream = NULL;
+	USABLE(eb);
+	cudaStream_t s;
+	CALL(eb, "cudaStreamCreateWithFlags",
+	     rt.stream_create_with_flags(&s, cudaStreamNonBlocking));
+	*stream = s;
+	return KOLO_OK;
+}
+
+void kolo_gpu_stream_destroy(void *stream)
+{
+	if (stream && dp_ok && rt.stream_destroy((cudaStream_t)stream) != cudaSuccess)
+		rt.get_last_error();
+}
+
+/* Polls query (cudaStreamQuery or cudaEventQuery) until it stops answering
+ * cudaErrorNotReady or timeout_ms passes. The first microseconds only yield
+ * (a staged chunk is usually that close); later polls sleep, growing to
+ * 200 µs, so that a long wait costs no CPU. */
+static kolo_status_t poll_ready(cudaError_t (*query)(void *), void *obj, const char *name,
+                                int timeout_ms, struct kolo_errbuf *eb)
+{
+	uint64_t t0 = kolo_now_ns(), sleep_ns = 2000;
+	for (;;) {
+		cudaError_t e = query(obj);
+		if (e == cudaSuccess)
+			return KOLO_OK;
+		if (e != cudaErrorNotReady)
+			return cuda_fail(eb, name, e);
+		uint64_t waited = kolo_now_ns() - t0;
+		if (timeout_ms > 0 && waited >= (uint64_t)timeout_ms * 1000000u)
+			return kolo_fail(eb, KOLO_ETIMEDOUT,
+			                 "%s: the device work did not finish within %d ms", name,
+			                 timeout_ms);
+		if (waited < 50000) {
+			sched_yield();
+			continue;
+		}
+		struct timespec ts = {0, (long)sleep_ns};
+		nanosleep(&ts, NULL);
+		if (sleep_ns < 200000)
+			sleep_ns *= 2;
+	}
+}
+
+static cudaError_t stream_query(void *s)
+{
+	return rt.stream_query((cudaStream_t)s);
+}
+
+static cudaError_t event_query(void *ev)
+{
+	return rt.event_query((cudaEvent_t)ev);
+}
+
+kolo_status_t kolo_gpu_stream_sync(void *stream, int timeout_ms, struct kolo_errbuf *eb)
+{
+	USABLE(eb);
+	return poll_ready(stream_query, stream, "cudaStreamQuery", timeout_ms, eb);
+}
+
+kolo_status_t kolo_gpu_event_create(void **event, struct kolo_errbuf *eb)
+{
+	*event = NULL;
+	USABLE(eb);
+	cudaEvent_t ev;
+	CALL(eb, "cudaEventCreateWithFlags",
+	     rt.event_create_with_flags(&ev, cudaEventDisableTiming));
+	*event = ev;
+	return KOLO_OK;
+}
+
+void kolo_gpu_event_destroy(void *event)
+{
+	if (event && dp_ok && rt.event_destroy((cudaEvent_t)event) != cudaSuccess)
+		rt.get_last_error();
+}
+
+kolo_status_t kolo_gpu_event_record(void *event, void *stream, struct kolo_errbuf *eb)
+{
+	CALL(eb, "cudaEventRecord", rt.event_record((cudaEvent_t)event, (cudaStream_t)stream));
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_gpu_event_query(void *event, bool *done, struct kolo_errbuf *eb)
+{
+	cudaError_t e = rt.event_query((cudaEvent_t)event);
+	*done = e == cudaSuccess;
+	if (e != cudaSuccess && e != cudaErrorNotReady)
+		return cuda_fail(eb, "cudaEventQuery", e);
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_gpu_event_sync(void *event, int timeout_ms, struct kolo_errbuf *eb)
+{
+	return poll_ready(event_query, event, "cudaEventQuery", timeout_ms, eb);
+}
+
+kolo_status_t kolo_gpu_stream_wait_event(void *stream, void *event, struct kolo_errbuf *eb)
+{
+	CALL(eb, "cudaStreamWaitEvent",
+	     rt.stream_wait_event((cudaStream_t)stream, (cudaEvent_t)event, 0));
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_gpu_device_uuid(int ordinal, uint8_t uuid[16], struct kolo_errbuf *eb)
+{
+	USABLE(eb);
+	union props_room *pr = calloc(1, sizeof(*pr));
+	if (!pr)
+		return kolo_fail(eb, KOLO_ENOMEM, "out of memory");
+	cudaError_t e = rt.get_device_properties(&pr->p, ordinal);
+	if (e == cudaSuccess)
+		memcpy(uuid, pr->p.uuid.bytes, 16);
+	free(pr);
+	if (e != cudaSuccess)
+		return cuda_fail(eb, "cudaGetDeviceProperties", e);
+	return KOLO_OK;
+}
+
+#else /* !KOLO_HAVE_CUDA */
+
+bool kolo_gpu_usable(const char **why)
+{
+	if (why)
+		*why = BUILT_WITHOUT;
+	return false;
+}
+
+#define UNSUPPORTED(eb) kolo_fail(eb, KOLO_EUNSUPPORTED, "CUDA is not usable: " BUILT_WITHOUT)
+
+kolo_status_t kolo_gpu_ptr_device(const void *ptr, int *ordinal, struct kolo_errbuf *eb)
+{
+	(void)ptr;
+	*ordinal = -1;
+	return UNSUPPORTED(eb);
+}
+
+kolo_status_t kolo_gpu_set_device(int ordinal, struct kolo_errbuf *eb)
+{
+	(void)ordinal;
+	return UNSUPPORTED(eb);
+}
+
+kolo_status_t kolo_gpu_get_device(int *ordinal, struct kolo_errbuf *eb)
+{
+	*ordinal = -1;
+	return UNSUPPORTED(eb);
+}
+
+kolo_status_t kolo_gpu_malloc(void **ptr, size_t bytes, struct kolo_errbuf *eb)
+{
+	(void)bytes;
+	*ptr = NULL;
+	return UNSUPPORTED(eb);
+}
+
+void kolo_gpu_free(void *ptr)
+{
+	(void)ptr;
+}
+
+kolo_status_t kolo_gpu_host_alloc(void **ptr, size_t bytes, struct kolo_errbuf *eb)
+{
+	(void)bytes;
+	*ptr = NULL;
+	return UNSUPPORTED(eb);
+}
+
+void kolo_gpu_host_free(void *ptr)
+{
+	(void)ptr;
+}
+
+kolo_status_t kolo_gpu_memcpy_async(void *dst, const void *src, size_t bytes, void *stream,
+                                    struct kolo_errbuf *eb)
+{
+	(void)dst, (void)src, (void)bytes, (void)stream;
+	return UNSUPPORTED(eb);
+}
+
+kolo_status_t kolo_gpu_memset_async(void *dst, int value, size_t bytes, void *stream,
+                                    struct kolo_errbuf *eb)
+{
+	(void)dst, (void)value, (void)bytes, (void)stream;
+	return UNSUPPORTED(eb);
+}
+
+kolo_status_t kolo_gpu_stream_create(void **stream, struct kolo_errbuf *eb)
+{
+	*stream = NULL;
+	return UNSUPPORTED(eb);
+}
+
+void kolo_gpu_stream_destroy(void *stream)
+{
+	(void)stream;
+}
+
+kolo_status_t kolo_gpu_stream_sync(void *stream, int timeout_ms, struct kolo_errbuf *eb)
+{
+	(void)stream, (void)timeout_ms;
+	return UNSUPPORTED(eb);
+}
+
+kolo_status_t kolo_gpu_event_create(void **event, struct kolo_errbuf *eb)
+{
+	*event = NULL;
+	return UNSUPPORTED(eb);
+}
+
+void kolo_gpu_event_destroy(void *event)
+{
+	(void)event;
+}
+
+kolo_status_t kolo_gpu_event_record(void *event, void *stream, struct kolo_errbuf *eb)
+{
+	(void)event, (void)stream;
+	return UNSUPPORTED(eb);
+}
+
+kolo_status_t kolo_gpu_event_query(void *event, bool *done, struct kolo_errbuf *eb)
+{
+	(void)event;
+	*done = false;
+	return UNSUPPORTED(eb);
+}
+
+kolo_status_t kolo_gpu_event_sync(void *event, int timeout_ms, struct kolo_errbuf *eb)
+{
+	(void)event, (void)timeout_ms;
+	return UNSUPPORTED(eb);
+}
+
+kolo_status_t kolo_gpu_stream_wait_event(void *stream, void *event, struct kolo_errbuf *eb)
+{
+	(void)stream, (void)event;
+	return UNSUPPORTED(eb);
+}
+
+kolo_status_t kolo_gpu_device_uuid(int ordinal, uint8_t uuid[16], struct kolo_errbuf *eb)
+{
+	(void)ordinal;
+	memset(uuid, 0, 16);
+	return UNSUPPORTED(eb);
+}
+
+#endif /* KOLO_HAVE_CUDA */
 
 /* ---- NCCL: only its version so far (kolo-info) ------------------------ */
 

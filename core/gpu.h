@@ -1,18 +1,20 @@
 /* gpu: the CUDA runtime and NCCL, loaded at run time. libkolo is compiled
  * against the CUDA and NCCL headers only (KOLO_WITH_CUDA, docs/gpu.md) and
  * opens libcudart and libnccl with dlopen on first use, so one library runs
- * on machines with and without CUDA. This module only answers "is this
- * pointer device memory?" and reports what it found (kolo-info); the data
- * path over device memory is not written yet, so runtime/args.c refuses
- * device pointers with the reason. It lives in core/ because every layer
- * above will need it (the argument checker, the fusion buffer on the device,
- * NCCL inside a host in ring/). Named gpu.h, not cuda.h: the toolkit has a
+ * on machines with and without CUDA. This module answers "is this pointer
+ * device memory?", reports what it found (kolo-info), and wraps the few
+ * runtime calls the device data path makes (runtime/device.c, the fusion
+ * buffer on the device), so that no caller needs a CUDA header. It lives in
+ * core/ because every layer above needs it. Named gpu.h, not cuda.h: the toolkit has a
  * cuda.h of its own, which gpu.c's include path must not shadow. */
 #ifndef KOLO_GPU_H
 #define KOLO_GPU_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "core.h"
 
 enum kolo_mem_kind {
 	KOLO_MEM_HOST,    /* host memory, pageable or pinned: the CPU path reads it */
@@ -75,5 +77,56 @@ struct kolo_cuda_info {
  * else loads yet). For kolo-info and the tests; reads each GPU's properties,
  * so not for a hot path. Thread-safe. */
 void kolo_cuda_query(struct kolo_cuda_info *out);
+
+/* ---- the runtime calls of the device data path ---------------------------
+ * Thin wrappers over the loaded libcudart. Each returns KOLO_OK, or a status
+ * with "<cuda call>: <CUDA's message>" in eb: KOLO_EUNSUPPORTED when the
+ * data path is unusable here (kolo_gpu_usable says why), KOLO_ENOMEM for an
+ * allocation CUDA refused, KOLO_ETIMEDOUT for a wait past its deadline,
+ * KOLO_ESYSTEM for any other CUDA error (CUDA's sticky last error is
+ * cleared). Streams and events are void * (cudaStream_t and cudaEvent_t are
+ * pointers); stream NULL is the legacy default stream. Thread-safe as CUDA
+ * is. A device call acts on the calling thread's current device. */
+
+/* Whether the device data path can run: kolo_cuda_devices_visible and every
+ * entry point below resolved. When false, *why (may be NULL) gets the reason
+ * (a static string). */
+bool kolo_gpu_usable(const char **why);
+/* The device that ptr's memory lives on (*ordinal), for device and managed
+ * memory; KOLO_EINVAL for host memory. */
+kolo_status_t kolo_gpu_ptr_device(const void *ptr, int *ordinal, struct kolo_errbuf *eb);
+kolo_status_t kolo_gpu_set_device(int ordinal, struct kolo_errbuf *eb);
+kolo_status_t kolo_gpu_get_device(int *ordinal, struct kolo_errbuf *eb);
+/* Device memory on the current device; free accepts NULL. */
+kolo_status_t kolo_gpu_malloc(void **ptr, size_t bytes, struct kolo_errbuf *eb);
+void kolo_gpu_free(void *ptr);
+/* Pinned (page-locked) host memory; free accepts NULL. */
+kolo_status_t kolo_gpu_host_alloc(void **ptr, size_t bytes, struct kolo_errbuf *eb);
+void kolo_gpu_host_free(void *ptr);
+/* Queues a copy (cudaMemcpyDefault: any kinds, inferred by CUDA) or a
+ * memset on stream. */
+kolo_status_t kolo_gpu_memcpy_async(void *dst, const void *src, size_t bytes, void *stream,
+                                    struct kolo_errbuf *eb);
+kolo_status_t kolo_gpu_memset_async(void *dst, int value, size_t bytes, void *stream,
+                                    struct kolo_errbuf *eb);
+/* A non-blocking stream (no implicit order with the legacy default stream)
+ * on the current device; destroy accepts NULL. */
+kolo_status_t kolo_gpu_stream_create(void **stream, struct kolo_errbuf *eb);
+void kolo_gpu_stream_destroy(void *stream);
+/* Waits until stream has run everything queued, for at most timeout_ms
+ * (polling cudaStreamQuery, so that no wait is forever; <= 0: forever). */
+kolo_status_t kolo_gpu_stream_sync(void *stream, int timeout_ms, struct kolo_errbuf *eb);
+/* Events without timing (cheaper); destroy accepts NULL. */
+kolo_status_t kolo_gpu_event_create(void **event, struct kolo_errbuf *eb);
+void kolo_gpu_event_destroy(void *event);
+kolo_status_t kolo_gpu_event_record(void *event, void *stream, struct kolo_errbuf *eb);
+/* *done: whether the work before the event's last record has run. */
+kolo_status_t kolo_gpu_event_query(void *event, bool *done, struct kolo_errbuf *eb);
+/* As kolo_gpu_stream_sync, for an event. */
+kolo_status_t kolo_gpu_event_sync(void *event, int timeout_ms, struct kolo_errbuf *eb);
+/* Makes later work on stream wait for event (on the device; returns at once). */
+kolo_status_t kolo_gpu_stream_wait_event(void *stream, void *event, struct kolo_errbuf *eb);
+/* The device's 16-byte UUID (the same in every process of the host). */
+kolo_status_t kolo_gpu_device_uuid(int ordinal, uint8_t uuid[16], struct kolo_errbuf *eb);
 
 #endif /* KOLO_GPU_H */

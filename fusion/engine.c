@@ -40,6 +40,7 @@ void fusion_queued_op_free(struct fusion_queued_op *o)
 	free(o->sendbufs);
 	free(o->recvbufs);
 	free(o->gcounts);
+	kolo_gpu_event_destroy(o->op.ready_event);
 	free(o);
 }
 
@@ -521,6 +522,7 @@ void kolo_engine_destroy(struct kolo_engine *e)
 	fusion_engine_tl_fini(e);
 	fusion_autotune_destroy(e->at);
 	free(e->fbuf);
+	kolo_gpu_free(e->dfbuf);
 	pthread_mutex_destroy(&e->lock);
 	pthread_mutex_destroy(&e->tl_lock);
 	pthread_mutex_destroy(&e->shutdown_lock);

@@ -31,14 +31,17 @@ static kolo_status_t describe(const struct kolo_engine_op *op, struct fusion_par
 	p->root = op->root;
 	p->prescale = op->prescale;
 	p->postscale = op->postscale;
+	p->mem = op->device ? 1 : 0;
 	if (op->kind <= 0 || op->kind >= KOLO_FK_COUNT)
 		return kolo_fail(eb, KOLO_EINVAL, "unknown operation kind %d", op->kind);
 	assert(!kind_is_named(op->kind) || (op->name && op->name[0] && strlen(op->name) < 1024));
 	bool typed = op->kind != KOLO_FK_BARRIER && op->kind != KOLO_FK_JOIN &&
 	             op->kind != KOLO_FK_EXCLUSIVE;
 	assert(!typed || (unsigned)op->dtype < KOLO_DTYPE_COUNT);
-	if (!typed)
+	if (!typed) {
 		p->dtype = 0;
+		p->mem = 0;
+	}
 	bool reducing = op->kind == KOLO_FK_ALLREDUCE || op->kind == KOLO_FK_GROUP ||
 	                op->kind == KOLO_FK_REDUCESCATTER;
 	if (reducing) {
@@ -249,6 +252,7 @@ kolo_status_t kolo_engine_enqueue(struct kolo_engine *e, const struct kolo_engin
 		st = check_accepting(e, o, eb);
 	if (st != KOLO_OK) {
 		pthread_mutex_unlock(&e->lock);
+		o->op.ready_event = NULL; /* the caller's on failure */
 		fusion_handle_discard(o->h);
 		fusion_queued_op_free(o);
 		return st;

@@ -331,6 +331,204 @@ static kolo_status_t run_pieces(struct kolo_engine *e, struct fused_item **b, si
 	return st;
 }
 
+/* ---- device tensors -------------------------------------------------------
+ * Their collectives run in runtime/ (cfg.device: staged through pinned host
+ * memory, or NCCL), after each op's ready event; a fused batch is packed into
+ * the device fusion buffer and unpacked with device-to-device copies on
+ * kolo's stream, which runs before the collective's own copies. */
+
+static kolo_status_t dev_coll(struct kolo_engine *e, const struct kolo_dcoll *c, char *msg,
+                              size_t len)
+{
+	if (!e->cfg.device.coll) {
+		snprintf(msg, len, "device buffers, but this engine has no device path");
+		return KOLO_EUNSUPPORTED;
+	}
+	struct kolo_errbuf eb = {{0}};
+	kolo_status_t st = e->cfg.device.coll(e->cfg.device.arg, e->rc, c, &eb);
+	if (st != KOLO_OK)
+		snprintf(msg, len, "%s", eb.msg);
+	return st;
+}
+
+static kolo_status_t dev_fail(kolo_status_t st, const struct kolo_errbuf *eb, char *msg, size_t len)
+{
+	snprintf(msg, len, "%s", eb->msg);
+	return st;
+}
+
+static void *ready_of(const struct fused_item *it)
+{
+	return it->o ? it->o->op.ready_event : NULL;
+}
+
+static kolo_status_t dev_allreduce(struct kolo_engine *e, const struct fusion_params *p,
+                                   const void *send, void *recv, size_t count, void *after,
+                                   char *msg, size_t len)
+{
+	struct kolo_dcoll c = {.kind = KOLO_DC_ALLREDUCE,
+	                       .send = send,
+	                       .recv = recv,
+	                       .count = count,
+	                       .dtype = (kolo_dtype_t)p->dtype,
+	                       .op = (kolo_op_t)p->op,
+	                       .pre = p->prescale,
+	                       .post = p->postscale,
+	                       .after = after};
+	return dev_coll(e, &c, msg, len);
+}
+
+/* Tensor by tensor from the caller's buffers; a joined rank reduces zeros
+ * from host scratch, through the same collectives. */
+static kolo_status_t dev_unfused(struct kolo_engine *e, struct fused_item **b, size_t nb, bool tl,
+                                 char *msg, size_t len)
+{
+	const struct fusion_params *p = &b[0]->r->p;
+	size_t esz = kolo_dtype_size((kolo_dtype_t)p->dtype);
+	for (size_t i = 0; i < nb; i++) {
+		if (tl)
+			fusion_engine_tl_begin(e, b[i]->r->name,
+			                       fusion_kind_name(KOLO_FK_ALLREDUCE));
+		for (size_t k = 0; k < b[i]->nent; k++) {
+			const struct batch_entry *en = &b[i]->ent[k];
+			if (!en->count)
+				continue;
+			void *scratch = NULL;
+			if (!en->send && !(scratch = calloc(en->count, esz)))
+				return KOLO_ENOMEM;
+			kolo_status_t st = dev_allreduce(e, p, scratch ? scratch : en->send,
+			                                 scratch ? scratch : en->recv, en->count,
+			                                 ready_of(b[i]), msg, len);
+			free(scratch);
+			if (st != KOLO_OK)
+				return st;
+		}
+		if (tl)
+			fusion_engine_tl_end(e, b[i]->r->name);
+	}
+	return KOLO_OK;
+}
+
+/* The device fusion buffer on the engine thread's current device. */
+static kolo_status_t ensure_dfbuf(struct kolo_engine *e, int ordinal, size_t bytes,
+                                  struct kolo_errbuf *eb)
+{
+	if (e->dfbuf && e->dfbuf_dev == ordinal && bytes <= e->dfbuf_cap)
+		return KOLO_OK;
+	kolo_gpu_free(e->dfbuf);
+	e->dfbuf = NULL;
+	e->dfbuf_cap = 0;
+	KOLO_CHECK(kolo_gpu_malloc(&e->dfbuf, bytes, eb));
+	e->dfbuf_cap = bytes;
+	e->dfbuf_dev = ordinal;
+	KOLO_DEBUG(SUBSYS, "device fusion buffer: %zu bytes on device %d", bytes, ordinal);
+	return KOLO_OK;
+}
+
+/* The first device (or managed) buffer of the batch's ops, or -1 when this
+ * rank has none (it joined: zeros). */
+static int batch_ordinal(struct fused_item **b, size_t nb)
+{
+	for (size_t i = 0; i < nb; i++)
+		for (size_t k = 0; k < b[i]->nent; k++) {
+			const void *q = b[i]->ent[k].send;
+			int ord;
+			if (q && kolo_mem_kind(q) == KOLO_MEM_DEVICE &&
+			    kolo_gpu_ptr_device(q, &ord, NULL) == KOLO_OK)
+				return ord;
+		}
+	return -1;
+}
+
+static kolo_status_t dev_packed(struct kolo_engine *e, struct fused_item **b, size_t nb,
+                                size_t nent, uint64_t total, bool tl, char *msg, size_t len)
+{
+	const struct fusion_params *p = &b[0]->r->p;
+	size_t esz = kolo_dtype_size((kolo_dtype_t)p->dtype);
+	struct batch_layout l = {0};
+	KOLO_CHECK(layout_build(&l, b, nb, nent, esz));
+	struct kolo_errbuf eb = {{0}};
+	int ordinal = batch_ordinal(b, nb);
+	kolo_status_t st = KOLO_OK;
+	if (ordinal < 0) {
+		/* No device here: zeros from the host buffer, through the same
+		 * device collective as every other rank. */
+		st = ensure_fbuf(e, (size_t)total);
+		if (st == KOLO_OK) {
+			memset(e->fbuf, 0, (size_t)total);
+			st = dev_allreduce(e, p, e->fbuf, e->fbuf, (size_t)total / esz, NULL, msg,
+			                   len);
+		}
+		layout_free(&l);
+		return st;
+	}
+	void *s = NULL;
+	int tmo = e->cfg.device.timeout_ms;
+	st = e->cfg.device.stream ? e->cfg.device.stream(e->cfg.device.arg, ordinal, &s, &eb)
+	                          : kolo_fail(&eb, KOLO_EUNSUPPORTED, "no device path");
+	if (st == KOLO_OK)
+		st = ensure_dfbuf(e, ordinal, (size_t)total, &eb);
+	/* Each op's input is ready once its caller's stream reached the event. */
+	for (size_t i = 0; i < nb && st == KOLO_OK; i++)
+		if (ready_of(b[i]))
+			st = kolo_gpu_stream_wait_event(s, ready_of(b[i]), &eb);
+	if (st != KOLO_OK)
+		goto out;
+	if (tl)
+		tl_window(e, b, nb, l.item_off, 0, total, "MEMCPY_IN_FUSION_BUFFER");
+	for (size_t k = 0; k < l.nent && st == KOLO_OK; k++) {
+		uint8_t *dst = (uint8_t *)e->dfbuf + l.entry_off[k];
+		size_t n = l.ent[k]->count * esz;
+		st = l.ent[k]->send ? kolo_gpu_memcpy_async(dst, l.ent[k]->send, n, s, &eb)
+		                    : kolo_gpu_memset_async(dst, 0, n, s, &eb);
+	}
+	if (st == KOLO_OK)
+		st = kolo_gpu_stream_sync(s, tmo, &eb);
+	if (tl)
+		tl_window(e, b, nb, l.item_off, 0, total, NULL);
+	if (st != KOLO_OK)
+		goto out;
+	if (tl)
+		tl_window(e, b, nb, l.item_off, 0, total, fusion_kind_name(KOLO_FK_ALLREDUCE));
+	kolo_status_t cst =
+	        dev_allreduce(e, p, e->dfbuf, e->dfbuf, (size_t)total / esz, NULL, msg, len);
+	if (tl)
+		tl_window(e, b, nb, l.item_off, 0, total, NULL);
+	if (cst != KOLO_OK) {
+		layout_free(&l);
+		return cst;
+	}
+	if (tl)
+		tl_window(e, b, nb, l.item_off, 0, total, "MEMCPY_OUT_FUSION_BUFFER");
+	for (size_t k = 0; k < l.nent && st == KOLO_OK; k++)
+		if (l.ent[k]->recv)
+			st = kolo_gpu_memcpy_async(l.ent[k]->recv,
+			                           (uint8_t *)e->dfbuf + l.entry_off[k],
+			                           l.ent[k]->count * esz, s, &eb);
+	if (st == KOLO_OK)
+		st = kolo_gpu_stream_sync(s, tmo, &eb);
+	else
+		kolo_gpu_stream_sync(s, tmo, NULL);
+	if (tl)
+		tl_window(e, b, nb, l.item_off, 0, total, NULL);
+out:
+	layout_free(&l);
+	return st == KOLO_OK ? KOLO_OK : dev_fail(st, &eb, msg, len);
+}
+
+/* A device batch: fused in the device buffer when it has several tensors
+ * that fit the threshold (the same choice on every rank: it depends on the
+ * negotiated sizes only), otherwise tensor by tensor. */
+static kolo_status_t dev_batch(struct kolo_engine *e, struct fused_item **b, size_t nb, size_t nent,
+                               uint64_t total, bool tl, char *msg, size_t len)
+{
+	if (nent == 1 || e->threshold == 0 || total > e->threshold)
+		return dev_unfused(e, b, nb, tl, msg, len);
+	if (total == 0)
+		return KOLO_OK;
+	return dev_packed(e, b, nb, nent, total, tl, msg, len);
+}
+
 static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, size_t nb, char *msg,
                                size_t len)
 {
@@ -345,6 +543,8 @@ static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, siz
 	if (tl)
 		for (size_t i = 0; i < nb; i++)
 			fusion_engine_tl_end(e, b[i]->r->name); /* QUEUE */
+	if (b[0]->r->p.mem)
+		return dev_batch(e, b, nb, nent, total, tl, msg, len);
 	uint64_t packed = 0;
 	for (size_t i = 0; i < nb; i++)
 		packed += b[i]->direct ? 0 : b[i]->bytes;
@@ -462,6 +662,85 @@ static kolo_status_t run_exclusive(struct kolo_engine *e, struct fusion_response
 	return st;
 }
 
+/* A device op of another kind: allgather and alltoall allocate their
+ * output on the device of the input (kolo_free frees it). */
+static kolo_status_t dev_other(struct kolo_engine *e, const struct fusion_params *p,
+                               struct fusion_queued_op *o, char *msg, size_t len)
+{
+	kolo_dtype_t dt = (kolo_dtype_t)p->dtype;
+	size_t n = (size_t)e->size, me = (size_t)e->rank, esz = kolo_dtype_size(dt);
+	struct kolo_dcoll c = {.dtype = dt,
+	                       .op = (kolo_op_t)p->op,
+	                       .pre = p->prescale,
+	                       .post = p->postscale,
+	                       .root = p->root,
+	                       .send = o->op.sendbuf,
+	                       .recv = o->op.recvbuf,
+	                       .after = o->op.ready_event};
+	size_t *a = calloc(n, sizeof(size_t)), *bc = calloc(n, sizeof(size_t));
+	struct kolo_errbuf eb = {{0}};
+	kolo_status_t st = a && bc ? KOLO_OK : KOLO_ENOMEM;
+	size_t out = 0;
+	void *buf = NULL;
+	bool alloc = p->kind == KOLO_FK_ALLGATHER || p->kind == KOLO_FK_ALLTOALL;
+	switch (p->kind) {
+	case KOLO_FK_ALLGATHER:
+		c.kind = KOLO_DC_ALLGATHERV;
+		for (size_t i = 0; a && i < n; i++)
+			out += a[i] = (size_t)p->counts[i];
+		c.counts = a;
+		break;
+	case KOLO_FK_ALLTOALL:
+		c.kind = KOLO_DC_ALLTOALLV;
+		for (size_t i = 0; a && bc && i < n; i++) {
+			a[i] = (size_t)p->counts[me * n + i];
+			out += bc[i] = (size_t)p->counts[i * n + me];
+		}
+		c.counts = a;
+		c.rcounts = bc;
+		break;
+	case KOLO_FK_BROADCAST:
+		c.kind = KOLO_DC_BROADCAST;
+		c.count = (size_t)p->counts[0];
+		c.send = c.recv;
+		break;
+	default: /* REDUCESCATTER */
+		c.kind = KOLO_DC_REDUCESCATTER;
+		for (size_t i = 0; a && i < n; i++)
+			a[i] = kolo_reducescatter_count((size_t)p->counts[0], (int)n, (int)i);
+		c.counts = a;
+		break;
+	}
+	if (st == KOLO_OK && alloc) {
+		int ord = -1;
+		void *s;
+		st = kolo_gpu_ptr_device(o->op.sendbuf, &ord, &eb);
+		if (st == KOLO_OK && e->cfg.device.stream)
+			st = e->cfg.device.stream(e->cfg.device.arg, ord, &s, &eb);
+		if (st == KOLO_OK)
+			st = kolo_gpu_malloc(&buf, out * esz, &eb);
+		c.recv = buf;
+		if (st != KOLO_OK)
+			dev_fail(st, &eb, msg, len);
+	}
+	/* Nothing to move on any rank (the counts are negotiated): no
+	 * collective, as on the host path. */
+	bool empty = p->kind == KOLO_FK_ALLGATHER || p->kind == KOLO_FK_ALLTOALL
+	                     ? fusion_params_total(p) == 0
+	                     : p->counts[0] == 0;
+	if (st == KOLO_OK && !empty)
+		st = dev_coll(e, &c, msg, len);
+	if (st == KOLO_OK && alloc) {
+		memcpy(o->op.recvcounts, p->kind == KOLO_FK_ALLGATHER ? a : bc, n * sizeof(size_t));
+		*o->op.recvbuf_out = buf;
+	} else {
+		kolo_gpu_free(buf);
+	}
+	free(a);
+	free(bc);
+	return st;
+}
+
 static kolo_status_t run_other(struct kolo_engine *e, struct fusion_response *r,
                                struct fusion_queued_op *o, char *msg, size_t len)
 {
@@ -470,6 +749,13 @@ static kolo_status_t run_other(struct kolo_engine *e, struct fusion_response *r,
 	if (fusion_engine_tl_on(e)) {
 		fusion_engine_tl_end(e, r->name);
 		fusion_engine_tl_begin(e, r->name, fusion_kind_name(p->kind));
+	}
+	if (p->mem && (p->kind == KOLO_FK_ALLGATHER || p->kind == KOLO_FK_ALLTOALL ||
+	               p->kind == KOLO_FK_BROADCAST || p->kind == KOLO_FK_REDUCESCATTER)) {
+		st = dev_other(e, p, o, msg, len);
+		if (fusion_engine_tl_on(e))
+			fusion_engine_tl_end(e, r->name);
+		return st;
 	}
 	switch (p->kind) {
 	case KOLO_FK_ALLGATHER:
@@ -536,9 +822,9 @@ static kolo_status_t fused_item_init(struct kolo_engine *e, struct fusion_respon
 		a->bytes += en->count * esz;
 	}
 	a->direct = r->p.kind == KOLO_FK_ALLREDUCE && e->cfg.direct_bytes &&
-	            a->bytes >= e->cfg.direct_bytes;
-	*item = (struct fusion_item){r->p.dtype,     r->p.op,  r->p.prescale,
-	                             r->p.postscale, a->bytes, a->direct};
+	            a->bytes >= e->cfg.direct_bytes && !r->p.mem;
+	*item = (struct fusion_item){r->p.dtype, r->p.op,   r->p.prescale, r->p.postscale,
+	                             a->bytes,   a->direct, r->p.mem != 0};
 	return KOLO_OK;
 }
 

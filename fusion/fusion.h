@@ -38,6 +38,49 @@ enum kolo_fusion_kind {
 	KOLO_FK_COUNT
 };
 
+/* ---- device collectives --------------------------------------------------
+ * A collective whose buffers include CUDA device memory runs in
+ * runtime/device.c (staged through pinned host memory, or NCCL). The engine
+ * cannot call runtime/, so runtime hands it these hooks in its config; the
+ * blocking path (runtime/api.c) uses the same descriptor. */
+
+enum kolo_dcoll_kind {
+	KOLO_DC_ALLREDUCE,
+	KOLO_DC_ALLGATHERV,    /* counts: every rank's block */
+	KOLO_DC_BROADCAST,     /* recv is the buffer */
+	KOLO_DC_REDUCESCATTER, /* counts: every rank's block of send */
+	KOLO_DC_ALLTOALLV,     /* counts: sent to each rank; rcounts: received */
+};
+
+struct kolo_dcoll {
+	enum kolo_dcoll_kind kind;
+	const void *send;
+	void *recv;
+	size_t count; /* ALLREDUCE, BROADCAST */
+	const size_t *counts, *rcounts;
+	kolo_dtype_t dtype;
+	kolo_op_t op;
+	double pre, post;
+	int root;
+	/* An event (core/gpu.h) the device work must follow, or NULL: the
+	 * caller's stream at the call. Not consumed. */
+	void *after;
+};
+
+struct kolo_engine_device {
+	/* Runs c on rc (its collectives in the same order on every rank);
+	 * results are on the device when it returns. Failure detail in eb. */
+	kolo_status_t (*coll)(void *arg, struct kolo_ring_comm *rc, const struct kolo_dcoll *c,
+	                      struct kolo_errbuf *eb);
+	/* kolo's stream on device ordinal, which becomes the calling thread's
+	 * current device: work queued there before coll runs before coll's
+	 * copies from the device. timeout_ms bounds the engine's own waits on
+	 * it. */
+	kolo_status_t (*stream)(void *arg, int ordinal, void **stream, struct kolo_errbuf *eb);
+	void *arg;
+	int timeout_ms;
+};
+
 /* ---- the engine ---------------------------------------------------------- */
 
 struct kolo_engine_config {
@@ -59,6 +102,8 @@ struct kolo_engine_config {
 	/* Test hook: called on rank 0 with each stall report (engine thread). */
 	void (*stall_hook)(void *arg, const char *report);
 	void *stall_hook_arg;
+	/* Device collectives; coll NULL: none (device ops fail). */
+	struct kolo_engine_device device;
 };
 
 struct kolo_engine;
@@ -113,6 +158,12 @@ struct kolo_engine_op {
 	kolo_callback_fn cb;
 	void *cb_arg;
 	void *owner; /* stored in the handle (kolo_handle_owner) */
+	/* The buffers are CUDA device memory (every rank must agree, as on
+	 * dtype); ready_event (core/gpu.h; may be NULL) was recorded on the
+	 * caller's stream at enqueue: the engine owns it once
+	 * kolo_engine_enqueue succeeded (the caller, when it failed). */
+	bool device;
+	void *ready_event;
 };
 
 /* Validates and queues op. On success *handle (when handle is not NULL)

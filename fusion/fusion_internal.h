@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "fusion.h"
+#include "gpu.h"
 #include "metrics.h"
 
 /* ---- growing arrays ------------------------------------------------------ */
@@ -46,6 +47,7 @@ const char *fusion_kind_name(int kind);
 /* What one rank says about one named operation. counts is owned. */
 struct fusion_params {
 	uint8_t kind, dtype, op;
+	uint8_t mem; /* 1: the buffers are CUDA device memory; 0: host */
 	int32_t root;
 	double prescale, postscale;
 	uint32_t ncounts;
@@ -167,6 +169,9 @@ struct fusion_item {
 	/* Reduced from the caller's buffers: batched with items of its kind, but
 	 * its bytes take no room in the fusion buffer. */
 	bool direct;
+	/* Device memory: batched only with device items, in the device fusion
+	 * buffer. */
+	bool device;
 };
 
 /* Groups items (in order) into batches of the same dtype/op/scales whose
@@ -231,7 +236,7 @@ void fusion_autotune_best(const struct fusion_autotune *a, uint64_t *threshold, 
 
 /* A rank's message is a sequence of records, each a type byte and its fields
  * in host byte order (every rank of a job runs the same build):
- *   REQUEST  kind u8, dtype u8, op u8, root u32, prescale f64, postscale f64,
+ *   REQUEST  kind u8, dtype u8, op u8, mem u8, root u32, prescale f64, postscale f64,
  *            ncounts u32, counts u64[ncounts], name (u32 length + bytes)
  *   PARAMS   fusion_threshold u64, cycle_time_ms f64       (rank 0 only)
  *   FAIL     status u8, name, why (each u32 length + bytes) (rank 0 only) */
@@ -413,6 +418,10 @@ struct kolo_engine {
 	double cycle_ms;
 	uint8_t *fbuf;
 	size_t fbuf_cap;
+	/* The device fusion buffer (core/gpu.h), on device dfbuf_dev. */
+	void *dfbuf;
+	size_t dfbuf_cap;
+	int dfbuf_dev;
 	struct fusion_autotune *at;
 	uint64_t last_stall_warn_ns;
 	uint64_t last_cycle_ns;

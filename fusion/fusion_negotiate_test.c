@@ -411,13 +411,13 @@ END_TEST
 START_TEST(test_plan)
 {
 	struct fusion_item it[] = {
-	        {KOLO_FLOAT32, KOLO_SUM, 1, 1, 40, false},
-	        {KOLO_FLOAT16, KOLO_SUM, 1, 1, 10, false},
-	        {KOLO_FLOAT32, KOLO_SUM, 1, 1, 50, false},
-	        {KOLO_FLOAT32, KOLO_SUM, 1, 1, 20, false},
-	        {KOLO_FLOAT32, KOLO_SUM, 1, 1, 500, false},
-	        {KOLO_FLOAT16, KOLO_SUM, 1, 1, 10, false},
-	        {KOLO_FLOAT32, KOLO_AVERAGE, 1, 1, 5, false},
+	        {KOLO_FLOAT32, KOLO_SUM, 1, 1, 40, false, false},
+	        {KOLO_FLOAT16, KOLO_SUM, 1, 1, 10, false, false},
+	        {KOLO_FLOAT32, KOLO_SUM, 1, 1, 50, false, false},
+	        {KOLO_FLOAT32, KOLO_SUM, 1, 1, 20, false, false},
+	        {KOLO_FLOAT32, KOLO_SUM, 1, 1, 500, false, false},
+	        {KOLO_FLOAT16, KOLO_SUM, 1, 1, 10, false, false},
+	        {KOLO_FLOAT32, KOLO_AVERAGE, 1, 1, 5, false, false},
 	};
 	size_t b[7];
 	ck_assert_uint_eq(fusion_plan(it, 7, 100, b), 5);
@@ -429,9 +429,9 @@ START_TEST(test_plan)
 	for (size_t i = 0; i < 7; i++)
 		ck_assert_uint_eq(b[i], i);
 	/* Look-ahead past a tensor that no longer fits. */
-	struct fusion_item it2[] = {{KOLO_FLOAT32, KOLO_SUM, 1, 1, 60, false},
-	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 60, false},
-	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 30, false}};
+	struct fusion_item it2[] = {{KOLO_FLOAT32, KOLO_SUM, 1, 1, 60, false, false},
+	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 60, false, false},
+	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 30, false, false}};
 	ck_assert_uint_eq(fusion_plan(it2, 3, 100, b), 2);
 	ck_assert_uint_eq(b[2], 0);
 	/* A direct item (large enough to skip the buffer) joins the batch of its
@@ -445,10 +445,19 @@ START_TEST(test_plan)
 	ck_assert_uint_eq(fusion_plan(it2, 3, 100, b), 2);
 	ck_assert_uint_eq(b[1], 1);
 	/* A direct item larger than the threshold is still batched. */
-	struct fusion_item it3[] = {{KOLO_FLOAT32, KOLO_SUM, 1, 1, 500, true},
-	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 30, false},
-	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 700, true}};
+	struct fusion_item it3[] = {{KOLO_FLOAT32, KOLO_SUM, 1, 1, 500, true, false},
+	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 30, false, false},
+	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 700, true, false}};
 	ck_assert_uint_eq(fusion_plan(it3, 3, 100, b), 1);
+	/* Device items batch only with device items (the device fusion
+	 * buffer), even of the same kind. */
+	struct fusion_item it4[] = {{KOLO_FLOAT32, KOLO_SUM, 1, 1, 10, false, true},
+	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 10, false, false},
+	                            {KOLO_FLOAT32, KOLO_SUM, 1, 1, 10, false, true}};
+	ck_assert_uint_eq(fusion_plan(it4, 3, 100, b), 2);
+	ck_assert_uint_eq(b[0], 0);
+	ck_assert_uint_eq(b[1], 1);
+	ck_assert_uint_eq(b[2], 0);
 	/* Threshold 0 still runs every item alone. */
 	ck_assert_uint_eq(fusion_plan(it3, 3, 0, b), 3);
 }

@@ -13,12 +13,13 @@ static void put(uint8_t *b, size_t *o, const void *v, size_t n)
 	*o += n;
 }
 
-/* The bytes of REQUEST "ab": ALLREDUCE float32 AVERAGE, root 0, prescale 1,
- * postscale 0.5, counts {3, 5}, in the order fusion_internal.h gives. */
+/* The bytes of REQUEST "ab": ALLREDUCE float32 AVERAGE on device memory,
+ * root 0, prescale 1, postscale 0.5, counts {3, 5}, in the order
+ * fusion_internal.h gives. */
 static size_t expected_request(uint8_t *b)
 {
-	const uint8_t head[4] = {FUSION_RECORD_REQUEST, KOLO_FK_ALLREDUCE, KOLO_FLOAT32,
-	                         KOLO_AVERAGE};
+	const uint8_t head[5] = {FUSION_RECORD_REQUEST, KOLO_FK_ALLREDUCE, KOLO_FLOAT32,
+	                         KOLO_AVERAGE, 1};
 	const uint32_t root = 0, ncounts = 2, name_len = 2;
 	const double scales[2] = {1.0, 0.5};
 	const uint64_t counts[2] = {3, 5};
@@ -39,6 +40,7 @@ START_TEST(test_request_layout_and_round_trip)
 	struct fusion_params p = {.kind = KOLO_FK_ALLREDUCE,
 	                          .dtype = KOLO_FLOAT32,
 	                          .op = KOLO_AVERAGE,
+	                          .mem = 1,
 	                          .prescale = 1.0,
 	                          .postscale = 0.5,
 	                          .ncounts = 2,
@@ -58,6 +60,9 @@ START_TEST(test_request_layout_and_round_trip)
 	ck_assert_int_eq(r.type, FUSION_RECORD_REQUEST);
 	ck_assert_str_eq(r.name, "ab");
 	ck_assert(fusion_params_equal(&r.p, &p));
+	/* Host and device memory are different params. */
+	r.p.mem = 0;
+	ck_assert(!fusion_params_equal(&r.p, &p));
 	fusion_record_fini(&r);
 	free(w.b);
 }

@@ -55,8 +55,8 @@ void fusion_params_fini(struct fusion_params *p)
 
 bool fusion_params_equal(const struct fusion_params *a, const struct fusion_params *b)
 {
-	return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->root == b->root &&
-	       a->prescale == b->prescale && a->postscale == b->postscale &&
+	return a->kind == b->kind && a->dtype == b->dtype && a->op == b->op && a->mem == b->mem &&
+	       a->root == b->root && a->prescale == b->prescale && a->postscale == b->postscale &&
 	       a->ncounts == b->ncounts &&
 	       (a->ncounts == 0 ||
 	        memcmp(a->counts, b->counts, a->ncounts * sizeof(uint64_t)) == 0);
@@ -109,6 +109,9 @@ static void format_field(char *out, size_t len, int field, const struct fusion_p
 	case 5:
 		snprintf(out, len, "%g", p->postscale);
 		break;
+	case 7:
+		snprintf(out, len, "%s", p->mem ? "device" : "host");
+		break;
 	default: {
 		size_t o = 0;
 		out[0] = '\0';
@@ -143,6 +146,8 @@ static bool field_equal(int field, const struct fusion_params *a, const struct f
 		return a->prescale == b->prescale;
 	case 5:
 		return a->postscale == b->postscale;
+	case 7:
+		return a->mem == b->mem;
 	default:
 		return a->ncounts == b->ncounts &&
 		       (a->ncounts == 0 ||
@@ -157,6 +162,8 @@ static bool field_must_agree(int field, int kind)
 	case 0:
 	case 1:
 		return true;
+	case 7: /* host and device buffers take different paths */
+		return kind != KOLO_FK_BARRIER && kind != KOLO_FK_JOIN && kind != KOLO_FK_EXCLUSIVE;
 	case 2:
 	case 4:
 	case 5:
@@ -170,8 +177,8 @@ static bool field_must_agree(int field, int kind)
 	}
 }
 
-static const char *const field_names[] = {"operation", "dtype",     "op",   "root",
-                                          "prescale",  "postscale", "count"};
+static const char *const field_names[] = {"operation", "dtype",     "op",    "root",
+                                          "prescale",  "postscale", "count", "memory"};
 
 bool fusion_describe_mismatch(const char *name, const struct fusion_params *const *p,
                               const bool *present, int size, char *dst, size_t dstlen)
@@ -184,7 +191,7 @@ bool fusion_describe_mismatch(const char *name, const struct fusion_params *cons
 		}
 	if (first < 0)
 		return false;
-	for (int f = 0; f < 7; f++) {
+	for (int f = 0; f < 8; f++) {
 		if (f > 0 && !field_must_agree(f, p[first]->kind))
 			continue;
 		bool differ = false;

@@ -4,7 +4,7 @@
 static bool same_key(const struct fusion_item *a, const struct fusion_item *b)
 {
 	return a->dtype == b->dtype && a->op == b->op && a->prescale == b->prescale &&
-	       a->postscale == b->postscale;
+	       a->postscale == b->postscale && a->device == b->device;
 }
 
 size_t fusion_plan(const struct fusion_item *items, size_t n, uint64_t threshold, size_t *batch_of)

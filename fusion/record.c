@@ -56,6 +56,7 @@ void fusion_record_put_request(struct fusion_wbuf *w, const char *name,
 	put_u8(w, p->kind);
 	put_u8(w, p->dtype);
 	put_u8(w, p->op);
+	put_u8(w, p->mem);
 	put_u32(w, (uint32_t)p->root);
 	put_f64(w, p->prescale);
 	put_f64(w, p->postscale);
@@ -140,6 +141,7 @@ static kolo_status_t decode_request(struct reader *rd, struct fusion_record *out
 	p->kind = get_u8(rd);
 	p->dtype = get_u8(rd);
 	p->op = get_u8(rd);
+	p->mem = get_u8(rd);
 	p->root = (int32_t)get_u32(rd);
 	p->prescale = get_f64(rd);
 	p->postscale = get_f64(rd);

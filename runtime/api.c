@@ -3,6 +3,7 @@
 #include "runtime.h"
 
 #include "fusion.h"
+#include "gpu.h"
 #include "metrics.h"
 
 #include <stdlib.h>
@@ -74,11 +75,42 @@ struct coll {
 	kolo_op_t op;
 	double pre, post;
 	int root;
+	/* Some buffer is device memory (args.c): runtime/device.c runs it, after
+	 * the event recorded on the caller's stream, with its failure in eb. */
+	bool device;
+	struct kolo_comm *comm;
+	void *after;
+	struct kolo_errbuf eb;
 };
+
+static const enum kolo_dcoll_kind dcoll_kind[] = {
+        [C_ALLREDUCE] = KOLO_DC_ALLREDUCE, [C_ALLGATHERV] = KOLO_DC_ALLGATHERV,
+        [C_BROADCAST] = KOLO_DC_BROADCAST, [C_REDUCESCATTER] = KOLO_DC_REDUCESCATTER,
+        [C_ALLTOALLV] = KOLO_DC_ALLTOALLV,
+};
+
+static kolo_status_t device_exec(struct coll *c, struct kolo_ring_comm *rc)
+{
+	struct kolo_dcoll d = {.kind = dcoll_kind[c->kind],
+	                       .send = c->kind == C_BROADCAST ? c->recv : c->send,
+	                       .recv = c->recv,
+	                       .count = c->count,
+	                       .counts = c->counts,
+	                       .rcounts = c->rcounts,
+	                       .dtype = c->dtype,
+	                       .op = c->op,
+	                       .pre = c->pre,
+	                       .post = c->post,
+	                       .root = c->root,
+	                       .after = c->after};
+	return kolo_device_run(c->comm, rc, &d, &c->eb);
+}
 
 static kolo_status_t coll_exec(void *arg, struct kolo_ring_comm *rc)
 {
-	const struct coll *c = arg;
+	struct coll *c = arg;
+	if (c->device && c->kind != C_BARRIER)
+		return device_exec(c, rc);
 	switch (c->kind) {
 	case C_ALLREDUCE:
 		return kolo_ring_allreduce(rc, c->send, c->recv, c->count, c->dtype, c->op, c->pre,
@@ -103,12 +135,15 @@ static kolo_status_t run_coll(struct kolo_comm *comm, const char *fn, struct col
 	pthread_mutex_lock(&comm->engine_lock);
 	struct kolo_engine *e = comm->engine;
 	pthread_mutex_unlock(&comm->engine_lock);
-	if (!e)
+	if (!e && !c->device)
 		return ring_result(comm, fn, coll_exec(c, comm->ring));
 	struct kolo_errbuf eb = {{0}};
-	kolo_status_t st = kolo_engine_run_exclusive(e, coll_exec, c, &eb);
+	kolo_status_t st =
+	        e ? kolo_engine_run_exclusive(e, coll_exec, c, &eb) : coll_exec(c, comm->ring);
 	if (st != KOLO_OK) {
-		kolo_comm_fail(comm, st, "%s: %s", fn, eb.msg);
+		/* The device path's own message says more than the engine's. */
+		kolo_comm_fail(comm, st, "%s: %s", fn,
+		               c->device && c->eb.msg[0] ? c->eb.msg : eb.msg);
 		st = kolo_runtime_elastic_failed(comm, st);
 	}
 	return st;
@@ -134,7 +169,16 @@ static uint64_t coll_bytes(const struct kolo_comm *comm, const struct coll *c)
 static kolo_status_t run(struct kolo_comm *comm, const char *fn, struct coll *c)
 {
 	uint64_t t0 = kolo_metrics_start();
-	kolo_status_t st = run_coll(comm, fn, c);
+	kolo_status_t st = KOLO_OK;
+	c->comm = comm;
+	c->device = kolo_args_mem_device() > 0;
+	c->after = NULL;
+	c->eb.msg[0] = '\0';
+	if (c->device && (st = kolo_device_ready_event(&c->after, &c->eb)) != KOLO_OK)
+		kolo_comm_fail(comm, st, "%s: %s", fn, c->eb.msg);
+	if (st == KOLO_OK)
+		st = run_coll(comm, fn, c);
+	kolo_gpu_event_destroy(c->after);
 	kolo_metrics_coll_done(coll_metric[c->kind], KOLO_MMODE_BLOCKING, coll_bytes(comm, c), t0,
 	                       st);
 	return st;
@@ -159,6 +203,7 @@ KOLO_API kolo_status_t kolo_allreduce_scaled(kolo_comm_t *comm, const void *send
                                              size_t count, kolo_dtype_t dtype, kolo_op_t op,
                                              double prescale, double postscale)
 {
+	kolo_args_mem_reset();
 	static const char fn[] = "kolo_allreduce";
 	KOLO_CHECK(
 	        kolo_args_allreduce(comm, sendbuf, recvbuf, count, dtype, op, prescale, postscale));
@@ -182,6 +227,7 @@ KOLO_API kolo_status_t kolo_allreduce(kolo_comm_t *comm, const void *sendbuf, vo
 KOLO_API kolo_status_t kolo_allgatherv(kolo_comm_t *comm, const void *sendbuf, size_t sendcount,
                                        void *recvbuf, const size_t *recvcounts, kolo_dtype_t dtype)
 {
+	kolo_args_mem_reset();
 	static const char fn[] = "kolo_allgatherv", coll[] = "allgather";
 	size_t total = 0;
 	KOLO_CHECK(kolo_args_allgather(comm, sendbuf, sendcount, dtype));
@@ -202,6 +248,7 @@ KOLO_API kolo_status_t kolo_allgatherv(kolo_comm_t *comm, const void *sendbuf, s
 KOLO_API kolo_status_t kolo_allgather(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
                                       size_t count, kolo_dtype_t dtype)
 {
+	kolo_args_mem_reset();
 	static const char fn[] = "kolo_allgather", coll[] = "allgather";
 	size_t total = 0;
 	KOLO_CHECK(kolo_args_allgather(comm, sendbuf, count, dtype));
@@ -224,6 +271,7 @@ KOLO_API kolo_status_t kolo_allgather(kolo_comm_t *comm, const void *sendbuf, vo
 KOLO_API kolo_status_t kolo_broadcast(kolo_comm_t *comm, void *buf, size_t count,
                                       kolo_dtype_t dtype, int root)
 {
+	kolo_args_mem_reset();
 	static const char fn[] = "kolo_broadcast";
 	KOLO_CHECK(kolo_args_broadcast(comm, buf, count, dtype, root));
 	return run(comm, fn,
@@ -237,6 +285,7 @@ KOLO_API kolo_status_t kolo_broadcast(kolo_comm_t *comm, void *buf, size_t count
 KOLO_API kolo_status_t kolo_reducescatter(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
                                           size_t count, kolo_dtype_t dtype, kolo_op_t op)
 {
+	kolo_args_mem_reset();
 	static const char fn[] = "kolo_reducescatter";
 	KOLO_CHECK(kolo_args_reducescatter(comm, sendbuf, recvbuf, count, dtype, op, 1.0, 1.0));
 	int size = comm->assignment.size;
@@ -262,6 +311,7 @@ KOLO_API kolo_status_t kolo_alltoallv(kolo_comm_t *comm, const void *sendbuf,
                                       const size_t *sendcounts, void *recvbuf,
                                       const size_t *recvcounts, kolo_dtype_t dtype)
 {
+	kolo_args_mem_reset();
 	static const char fn[] = "kolo_alltoallv", coll[] = "alltoall";
 	size_t rtotal = 0;
 	/* Unlike kolo_alltoall_async's, these sendcounts are not optional. */
@@ -282,6 +332,7 @@ KOLO_API kolo_status_t kolo_alltoallv(kolo_comm_t *comm, const void *sendbuf,
 KOLO_API kolo_status_t kolo_alltoall(kolo_comm_t *comm, const void *sendbuf, void *recvbuf,
                                      size_t count, kolo_dtype_t dtype)
 {
+	kolo_args_mem_reset();
 	static const char fn[] = "kolo_alltoall", coll[] = "alltoall";
 	size_t total = 0;
 	KOLO_CHECK(kolo_args_comm(comm, coll));
@@ -306,6 +357,7 @@ KOLO_API kolo_status_t kolo_alltoall(kolo_comm_t *comm, const void *sendbuf, voi
 
 KOLO_API kolo_status_t kolo_barrier(kolo_comm_t *comm)
 {
+	kolo_args_mem_reset();
 	KOLO_CHECK(kolo_args_comm(comm, "barrier"));
 	return run(comm, "kolo_barrier", &(struct coll){.kind = C_BARRIER});
 }

@@ -100,19 +100,37 @@ kolo_status_t kolo_args_counts(struct kolo_comm *comm, const char *coll, const c
 	return KOLO_OK;
 }
 
-/* Until the device data path exists, memory the CPU cannot read is refused
- * here rather than faulting inside a transport. Where no GPU is visible
- * kolo_mem_kind is one branch (core/gpu.h). Managed memory is accepted: the
- * CPU path reads it. */
+/* Buffers of device memory seen by this thread's checks since the reset. */
+static _Thread_local int mem_device;
+
+void kolo_args_mem_reset(void)
+{
+	mem_device = 0;
+}
+
+int kolo_args_mem_device(void)
+{
+	return mem_device;
+}
+
+/* Device memory takes the device path (runtime/device.c) where it can run,
+ * and is refused with the reason where it cannot, rather than faulting inside
+ * a transport. Where no GPU is visible kolo_mem_kind is one branch (core/gpu.h).
+ * Managed memory is host memory here: the CPU path reads it. */
 static kolo_status_t check_host(struct kolo_comm *comm, const char *coll, const char *what,
                                 const void *ptr)
 {
 	if (kolo_mem_kind(ptr) != KOLO_MEM_DEVICE)
 		return KOLO_OK;
+	const char *why;
+	if (kolo_gpu_usable(&why)) {
+		mem_device++;
+		return KOLO_OK;
+	}
 	return kolo_comm_fail(comm, KOLO_EUNSUPPORTED,
-	                      "%s: %s is CUDA device memory; CUDA device memory is not supported "
-	                      "yet by this build (pass host memory; docs/gpu.md)",
-	                      coll, what);
+	                      "%s: %s is CUDA device memory, which this process cannot use: %s "
+	                      "(docs/gpu.md)",
+	                      coll, what, why);
 }
 
 kolo_status_t kolo_args_buf(struct kolo_comm *comm, const char *coll, const char *what,

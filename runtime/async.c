@@ -2,6 +2,7 @@
  * args.c (as the blocking API does), creates the fusion engine on the comm at
  * first use and hands every operation to it. */
 #include "fusion.h"
+#include "gpu.h"
 #include "runtime.h"
 
 #include <stdlib.h>
@@ -18,6 +19,7 @@ static kolo_status_t engine_of(struct kolo_comm *comm, struct kolo_engine **out)
 		struct kolo_engine_config cfg;
 		kolo_runtime_engine_config(&cfg);
 		cfg.timeout_ms = comm->timeout_ms;
+		kolo_device_engine_hooks(comm, &cfg.device);
 		st = kolo_engine_create(comm->ring, comm->assignment.rank, comm->assignment.size,
 		                        &cfg, &comm->engine, &eb);
 		if (st != KOLO_OK)
@@ -38,9 +40,16 @@ static kolo_status_t submit(struct kolo_comm *comm, struct kolo_engine_op *op,
 		return st;
 	op->owner = comm;
 	struct kolo_errbuf eb = {{0}};
+	/* Device buffers (args.c counted them): the op's work follows what the
+	 * caller's stream has queued now. */
+	op->device = kolo_args_mem_device() > 0;
+	if (op->device && (st = kolo_device_ready_event(&op->ready_event, &eb)) != KOLO_OK)
+		return kolo_comm_fail(comm, st, "%s", eb.msg);
 	st = kolo_engine_enqueue(e, op, handle, &eb);
-	if (st != KOLO_OK)
+	if (st != KOLO_OK) {
+		kolo_gpu_event_destroy(op->ready_event);
 		return kolo_runtime_elastic_failed(comm, kolo_comm_fail(comm, st, "%s", eb.msg));
+	}
 	return KOLO_OK;
 }
 
@@ -50,6 +59,7 @@ KOLO_API kolo_status_t kolo_allreduce_async(kolo_comm_t *comm, const char *name,
                                             double postscale, kolo_callback_fn cb, void *cb_arg,
                                             kolo_handle_t **handle)
 {
+	kolo_args_mem_reset();
 	if (handle)
 		*handle = NULL;
 	KOLO_CHECK(
@@ -77,6 +87,7 @@ KOLO_API kolo_status_t kolo_grouped_allreduce_async(
         double prescale, double postscale, kolo_callback_fn cb, void *cb_arg,
         kolo_handle_t **handle)
 {
+	kolo_args_mem_reset();
 	if (handle)
 		*handle = NULL;
 	KOLO_CHECK(kolo_args_grouped_allreduce(comm, n, names, sendbufs, recvbufs, counts, dtype,
@@ -105,6 +116,7 @@ KOLO_API kolo_status_t kolo_allgather_async(kolo_comm_t *comm, const char *name,
                                             kolo_handle_t **handle)
 {
 	static const char coll[] = "allgather";
+	kolo_args_mem_reset();
 	if (handle)
 		*handle = NULL;
 	KOLO_CHECK(kolo_args_allgather(comm, sendbuf, sendcount, dtype));
@@ -130,6 +142,7 @@ KOLO_API kolo_status_t kolo_broadcast_async(kolo_comm_t *comm, const char *name,
                                             kolo_callback_fn cb, void *cb_arg,
                                             kolo_handle_t **handle)
 {
+	kolo_args_mem_reset();
 	if (handle)
 		*handle = NULL;
 	KOLO_CHECK(kolo_args_broadcast(comm, buf, count, dtype, root));
@@ -155,6 +168,7 @@ KOLO_API kolo_status_t kolo_alltoall_async(kolo_comm_t *comm, const char *name, 
 {
 	static const char coll[] = "alltoall";
 	size_t total = 0;
+	kolo_args_mem_reset();
 	if (handle)
 		*handle = NULL;
 	KOLO_CHECK(kolo_args_alltoall(comm, sendbuf, count, sendcounts, dtype, &total));
@@ -183,6 +197,7 @@ KOLO_API kolo_status_t kolo_reducescatter_async(kolo_comm_t *comm, const char *n
                                                 double postscale, kolo_callback_fn cb, void *cb_arg,
                                                 kolo_handle_t **handle)
 {
+	kolo_args_mem_reset();
 	if (handle)
 		*handle = NULL;
 	KOLO_CHECK(kolo_args_reducescatter(comm, sendbuf, recvbuf, count, dtype, op, prescale,
@@ -207,6 +222,7 @@ KOLO_API kolo_status_t kolo_reducescatter_async(kolo_comm_t *comm, const char *n
 KOLO_API kolo_status_t kolo_barrier_async(kolo_comm_t *comm, kolo_callback_fn cb, void *cb_arg,
                                           kolo_handle_t **handle)
 {
+	kolo_args_mem_reset();
 	if (handle)
 		*handle = NULL;
 	KOLO_CHECK(kolo_args_comm(comm, "barrier"));
@@ -240,7 +256,10 @@ KOLO_API void kolo_handle_release(kolo_handle_t *handle)
 
 KOLO_API void kolo_free(void *ptr)
 {
-	free(ptr);
+	if (kolo_mem_kind(ptr) == KOLO_MEM_DEVICE)
+		kolo_gpu_free(ptr);
+	else
+		free(ptr);
 }
 
 KOLO_API kolo_status_t kolo_join(kolo_comm_t *comm, int *last_rank)

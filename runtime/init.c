@@ -312,6 +312,7 @@ struct kolo_comm *kolo_runtime_comm_new(void)
 		return NULL;
 	pthread_mutex_init(&comm->engine_lock, NULL);
 	pthread_mutex_init(&comm->elastic_lock, NULL);
+	pthread_mutex_init(&comm->device_lock, NULL);
 	atomic_init(&comm->aborted, false);
 	int64_t to = kolo_param_int(KOLO_P_TIMEOUT_MS);
 	comm->timeout_ms = (int)KOLO_MAX(KOLO_MIN(to, INT32_MAX), 1);
@@ -333,6 +334,8 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 	kolo_runtime_metrics_stop(comm);
 	kolo_runtime_elastic_stop(comm);
 	kolo_engine_destroy(comm->engine);
+	kolo_device_nccl_reset(comm);
+	kolo_device_state_destroy(comm->device);
 	kolo_ring_comm_destroy(comm->ring);
 	if (comm->transport)
 		comm->transport->ops->destroy(comm->transport);
@@ -340,6 +343,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 	kolo_rdzv_assignment_fini(&comm->assignment);
 	pthread_mutex_destroy(&comm->engine_lock);
 	pthread_mutex_destroy(&comm->elastic_lock);
+	pthread_mutex_destroy(&comm->device_lock);
 	if (comm->token) {
 		memset(comm->token, 0, strlen(comm->token));
 		free(comm->token);

@@ -15,7 +15,8 @@
 #include "ring.h"
 #include "transport.h"
 
-struct kolo_engine; /* fusion/ */
+struct kolo_engine;       /* fusion/ */
+struct kolo_device_state; /* device.c */
 
 struct kolo_comm {
 	struct kolo_rdzv_client *rdzv; /* NULL for a bootstrap comm (bootstrap.c) */
@@ -46,6 +47,10 @@ struct kolo_comm {
 	bool left;               /* left the job (SIGTERM while re-forming) */
 	uint64_t reform_ns[4];   /* last reform: start, torn down, assigned, connected */
 	bool metrics;            /* holds a reference on the metrics server */
+	/* Device collectives (device.c): NULL until the first; device_lock
+	 * guards its creation. */
+	struct kolo_device_state *device;
+	pthread_mutex_t device_lock;
 };
 
 /* Tells the launcher (kolorun, through the pipe named by KOLO_LAUNCHER_FD)
@@ -141,8 +146,9 @@ int kolo_runtime_metrics_port(void);
  * ("allreduce", "allgather" for allgather(v), "alltoall" for alltoall(v),
  * ...), never the entry point's. A NULL comm is KOLO_EINVAL with no message
  * (kolo_last_error(NULL) says "comm is NULL"). A buffer in CUDA device
- * memory (core/gpu.h) is KOLO_EUNSUPPORTED, "<collective>: <buffer> is CUDA
- * device memory; ...", until the device data path exists. The layers below
+ * memory (core/gpu.h) passes where the device data path can run (counted
+ * for kolo_args_mem_device) and is KOLO_EUNSUPPORTED, "<collective>:
+ * <buffer> is CUDA device memory; ...", where it cannot. The layers below
  * may assert what these check, but do not judge it again. */
 
 /* The per-collective checks both paths share, in this order: comm, dtype,
@@ -197,5 +203,49 @@ kolo_status_t kolo_args_name(struct kolo_comm *comm, const char *coll, const cha
 /* Formats "<coll>: <fmt...>" as comm's last error; returns KOLO_EINVAL. */
 kolo_status_t kolo_args_fail(struct kolo_comm *comm, const char *coll, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
+
+/* ---- device buffers (device.c) -------------------------------------------
+ * A collective over CUDA device memory: staged through pinned host memory in
+ * chunks (KOLO_GPU_STAGE_CHUNK_BYTES) on a kolo stream per comm and device,
+ * after the caller's stream (c->after), or run by NCCL where
+ * kolo_device_nccl_try takes it. */
+
+struct kolo_dcoll;         /* fusion.h */
+struct kolo_engine_device; /* fusion.h */
+
+/* Runs c on rc (comm's ring, or the engine's when it owns the ring): the
+ * same ring collectives on every rank whatever the memory of its buffers,
+ * except that an allreduce or broadcast larger than one chunk is split into
+ * chunks (the ranks of such a call must all take this path). Results are on
+ * the device, visible to every stream, when it returns; every wait is
+ * bounded by comm->timeout_ms (KOLO_ETIMEDOUT). Failure detail in eb. */
+kolo_status_t kolo_device_run(struct kolo_comm *comm, struct kolo_ring_comm *rc,
+                              const struct kolo_dcoll *c, struct kolo_errbuf *eb);
+/* The staged allreduce alone (never the NCCL path): the NCCL path's
+ * cross-host part, on the hierarchy's cross ring rc. */
+kolo_status_t kolo_device_allreduce(struct kolo_comm *comm, struct kolo_ring_comm *rc,
+                                    const void *sendbuf, void *recvbuf, size_t count,
+                                    kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                    double postscale, void *after, struct kolo_errbuf *eb);
+/* The NCCL path (device_nccl.c; device_nccl_stub.c's weak default answers
+ * KOLO_EUNSUPPORTED): runs c and returns its status, or KOLO_EUNSUPPORTED
+ * (eb untouched) when it does not apply, and the staged path runs. */
+kolo_status_t kolo_device_nccl_try(struct kolo_comm *comm, struct kolo_ring_comm *rc,
+                                   const struct kolo_dcoll *c, struct kolo_errbuf *eb);
+/* Aborts and frees comm's NCCL communicator (device_nccl.c), formed again by
+ * the next device collective: for a re-form and the comm's end. */
+void kolo_device_nccl_reset(struct kolo_comm *comm);
+/* The engine's hooks over comm (fusion.h). */
+void kolo_device_engine_hooks(struct kolo_comm *comm, struct kolo_engine_device *out);
+/* An event recorded now on the calling thread's stream (kolo_cuda_get_stream),
+ * in *event; the caller destroys it. */
+kolo_status_t kolo_device_ready_event(void **event, struct kolo_errbuf *eb);
+/* Frees comm's device state (streams, staging). Accepts NULL. */
+void kolo_device_state_destroy(struct kolo_device_state *d);
+
+/* Since kolo_args_mem_reset, how many buffers the kolo_args_* checks of this
+ * thread found in device memory (the caller then takes the device path). */
+void kolo_args_mem_reset(void);
+int kolo_args_mem_device(void);
 
 #endif /* KOLO_RUNTIME_H */

@@ -48,7 +48,9 @@ KOLO_API kolo_status_t kolo_grouped_allreduce_async(
 /* Each rank contributes sendcount elements (counts may differ by rank). On
  * completion *recvbuf points to a malloc'd buffer holding every rank's
  * elements in rank order (the caller frees it) and recvcounts[r] (an array of
- * kolo_size() entries owned by the caller) holds rank r's count. */
+ * kolo_size() entries owned by the caller) holds rank r's count. With a CUDA
+ * device sendbuf, *recvbuf is device memory on the same device (cudaMalloc;
+ * kolo_free or cudaFree frees it). */
 KOLO_API kolo_status_t kolo_allgather_async(kolo_comm_t *comm, const char *name,
                                             const void *sendbuf, size_t sendcount,
                                             kolo_dtype_t dtype, void **recvbuf, size_t *recvcounts,
@@ -62,7 +64,8 @@ KOLO_API kolo_status_t kolo_broadcast_async(kolo_comm_t *comm, const char *name,
 
 /* sendcounts[j] elements go to rank j (NULL: equal split of count, which
  * must then divide by size). On completion *recvbuf is a malloc'd buffer (the
- * caller frees it) and recvcounts[i] the number received from rank i. */
+ * caller frees it) and recvcounts[i] the number received from rank i; with a
+ * device sendbuf, device memory on the same device (as allgather's). */
 KOLO_API kolo_status_t kolo_alltoall_async(kolo_comm_t *comm, const char *name, const void *sendbuf,
                                            size_t count, const size_t *sendcounts,
                                            kolo_dtype_t dtype, void **recvbuf, size_t *recvcounts,
@@ -94,8 +97,9 @@ KOLO_API void kolo_handle_release(kolo_handle_t *handle);
 KOLO_API kolo_status_t kolo_join(kolo_comm_t *comm, int *last_rank);
 
 /* Frees a buffer that kolo allocated for the caller (the results of
- * kolo_allgather_async and kolo_alltoall_async), as free() does; for
- * bindings that cannot reach the C library's free(). Accepts NULL. */
+ * kolo_allgather_async and kolo_alltoall_async), as free() does, or as
+ * cudaFree does for device memory; for bindings that cannot reach the C
+ * library's free(). Accepts NULL. */
 KOLO_API void kolo_free(void *ptr);
 
 /* Starts / stops writing the Chrome-trace timeline (as KOLO_TIMELINE). */

@@ -155,6 +155,22 @@ KOLO_API kolo_status_t kolo_alltoallv(kolo_comm_t *comm, const void *sendbuf,
                                       const size_t *recvcounts, kolo_dtype_t dtype);
 KOLO_API kolo_status_t kolo_barrier(kolo_comm_t *comm);
 
+/* CUDA device memory: every collective, blocking and async, accepts CUDA
+ * device pointers, recognised with cudaPointerGetAttributes (nothing to
+ * say); managed memory is read by the CPU as host memory. The work is
+ * ordered after what the calling thread's CUDA stream had queued at the call
+ * (an event kolo records there); results are on the device, visible to
+ * every stream, when the blocking call returns or the async operation
+ * completes (callback, kolo_wait). Every rank passes the same kind of memory
+ * to one collective. Where CUDA cannot run (no libcudart, no GPU, a build
+ * without CUDA) a device pointer is KOLO_EUNSUPPORTED with the reason.
+ *
+ * The calling thread's stream (a cudaStream_t); NULL, the default, is the
+ * legacy default stream. KOLO_EUNSUPPORTED for a non-NULL stream where CUDA
+ * cannot run. Per thread: it applies to the collectives this thread calls. */
+KOLO_API kolo_status_t kolo_cuda_set_stream(void *stream);
+KOLO_API void *kolo_cuda_get_stream(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,462 @@
+/* device: collectives over CUDA device memory (runtime.h). Unless the NCCL
+ * path takes it (kolo_device_nccl_try), a collective runs "staged": its
+ * device buffers are copied into pinned host memory on kolo's streams, the
+ * host collective runs there, and the result is copied back. Allreduce and
+ * broadcast are pipelined by chunk: the copies from the device run ahead on
+ * one stream while the ring reduces chunk k, and chunk k's copy back runs on
+ * a second stream while the ring works on chunk k+1. Pre/postscale and
+ * average are the ring's, applied on the staging buffer, so no kernel is
+ * needed. The other collectives stage their whole buffers (their host
+ * collectives are already pipelined by the ring).
+ *
+ * Ordering: the caller's stream gets an event at the call; both of kolo's
+ * streams wait for it on the device, so kolo reads the input only after the
+ * caller's kernels that produce it, and writes the output only after the
+ * work queued before the call. Completion: the host waits for the last copy
+ * back (bounded), so the results are on the device for every stream when
+ * the call returns. */
+#include "runtime.h"
+
+#include "fusion.h"
+#include "gpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SUBSYS "device"
+
+/* Per comm and device: two streams (in: device to host, out: host to
+ * device), two pinned staging buffers (0: input, 1: output, grown, never
+ * shrunk) and events marking each staged input chunk. */
+struct dev_ctx {
+	int ordinal;
+	void *in, *out;
+	void *stage[2];
+	size_t stage_cap[2];
+	void **ev;
+	size_t nev;
+};
+
+struct kolo_device_state {
+	pthread_mutex_t lock; /* one device collective at a time per comm */
+	struct dev_ctx *dev[KOLO_CUDA_MAX_GPUS];
+};
+
+static _Thread_local void *user_stream;
+
+KOLO_API kolo_status_t kolo_cuda_set_stream(void *stream)
+{
+	if (stream && !kolo_gpu_usable(NULL))
+		return KOLO_EUNSUPPORTED;
+	user_stream = stream;
+	return KOLO_OK;
+}
+
+KOLO_API void *kolo_cuda_get_stream(void)
+{
+	return user_stream;
+}
+
+static void ctx_destroy(struct dev_ctx *x)
+{
+	if (!x)
+		return;
+	kolo_gpu_stream_destroy(x->in);
+	kolo_gpu_stream_destroy(x->out);
+	for (int i = 0; i < 2; i++)
+		kolo_gpu_host_free(x->stage[i]);
+	for (size_t i = 0; i < x->nev; i++)
+		kolo_gpu_event_destroy(x->ev[i]);
+	free(x->ev);
+	free(x);
+}
+
+void kolo_device_state_destroy(struct kolo_device_state *d)
+{
+	if (!d)
+		return;
+	for (int i = 0; i < KOLO_CUDA_MAX_GPUS; i++)
+		ctx_destroy(d->dev[i]);
+	pthread_mutex_destroy(&d->lock);
+	free(d);
+}
+
+static kolo_status_t state_of(struct kolo_comm *comm, struct kolo_device_state **out,
+                              struct kolo_errbuf *eb)
+{
+	pthread_mutex_lock(&comm->device_lock);
+	if (!comm->device) {
+		struct kolo_device_state *d = calloc(1, sizeof(*d));
+		if (d)
+			pthread_mutex_init(&d->lock, NULL);
+		comm->device = d;
+	}
+	*out = comm->device;
+	pthread_mutex_unlock(&comm->device_lock);
+	return *out ? KOLO_OK : kolo_fail(eb, KOLO_ENOMEM, "out of memory");
+}
+
+/* The context of device ordinal (the current device), created on first use. */
+static kolo_status_t ctx_of(struct kolo_device_state *d, int ordinal, struct dev_ctx **out,
+                            struct kolo_errbuf *eb)
+{
+	if (ordinal < 0 || ordinal >= KOLO_CUDA_MAX_GPUS)
+		return kolo_fail(eb, KOLO_EUNSUPPORTED, "device %d: kolo handles devices 0..%d",
+		                 ordinal, KOLO_CUDA_MAX_GPUS - 1);
+	if (!d->dev[ordinal]) {
+		struct dev_ctx *x = calloc(1, sizeof(*x));
+		if (!x)
+			return kolo_fail(eb, KOLO_ENOMEM, "out of memory");
+		x->ordinal = ordinal;
+		kolo_status_t st = kolo_gpu_stream_create(&x->in, eb);
+		if (st == KOLO_OK)
+			st = kolo_gpu_stream_create(&x->out, eb);
+		if (st != KOLO_OK) {
+			ctx_destroy(x);
+			return st;
+		}
+		KOLO_DEBUG(SUBSYS, "device %d: kolo's streams created", ordinal);
+		d->dev[ordinal] = x;
+	}
+	*out = d->dev[ordinal];
+	return KOLO_OK;
+}
+
+static kolo_status_t ensure_stage(struct dev_ctx *x, int i, size_t bytes, struct kolo_errbuf *eb)
+{
+	if (bytes <= x->stage_cap[i])
+		return KOLO_OK;
+	/* Grown by half again, so that slowly growing tensors do not reallocate
+	 * pinned memory (slow: it maps pages) every call. */
+	size_t cap = bytes + bytes / 2;
+	kolo_gpu_host_free(x->stage[i]);
+	x->stage[i] = NULL;
+	x->stage_cap[i] = 0;
+	KOLO_CHECK(kolo_gpu_host_alloc(&x->stage[i], cap, eb));
+	x->stage_cap[i] = cap;
+	KOLO_DEBUG(SUBSYS, "device %d: pinned staging buffer %d: %zu bytes", x->ordinal, i, cap);
+	return KOLO_OK;
+}
+
+static kolo_status_t ensure_events(struct dev_ctx *x, size_t n, struct kolo_errbuf *eb)
+{
+	if (n <= x->nev)
+		return KOLO_OK;
+	void **ev = realloc(x->ev, n * sizeof(*ev));
+	if (!ev)
+		return kolo_fail(eb, KOLO_ENOMEM, "out of memory");
+	x->ev = ev;
+	for (; x->nev < n; x->nev++)
+		KOLO_CHECK(kolo_gpu_event_create(&x->ev[x->nev], eb));
+	return KOLO_OK;
+}
+
+static bool is_device(const void *p)
+{
+	return p && kolo_mem_kind(p) == KOLO_MEM_DEVICE;
+}
+
+static size_t chunk_bytes(size_t esz)
+{
+	int64_t v = kolo_param_int(KOLO_P_GPU_STAGE_CHUNK_BYTES);
+	size_t c = v > 0 ? (size_t)v : SIZE_MAX;
+	c -= c % esz;
+	return c ? c : esz;
+}
+
+static kolo_status_t ring_fail(struct kolo_ring_comm *rc, kolo_status_t st, struct kolo_errbuf *eb)
+{
+	return kolo_fail(eb, st, "%s", kolo_ring_last_error(rc));
+}
+
+/* What one staged run needs: the context (NULL when no buffer is device
+ * memory) and the device to restore. */
+struct run {
+	struct kolo_comm *comm;
+	struct kolo_ring_comm *rc;
+	struct dev_ctx *x;
+	int saved;
+	int timeout_ms;
+};
+
+/* Waits for both streams after a failure, so that no copy still touches the
+ * caller's or the staging buffers; their own errors are dropped (the first
+ * failure is the one reported). */
+static void drain(struct run *r)
+{
+	if (!r->x)
+		return;
+	kolo_gpu_stream_sync(r->x->in, r->timeout_ms, NULL);
+	kolo_gpu_stream_sync(r->x->out, r->timeout_ms, NULL);
+}
+
+/* Chunk by chunk: allreduce (bcast false) or broadcast from root (bcast
+ * true, send == recv). sdev: the input is staged from the device; rdev: the
+ * output goes back to it. */
+static kolo_status_t chunked(struct run *r, const struct kolo_dcoll *c, bool bcast, bool sdev,
+                             bool rdev, struct kolo_errbuf *eb)
+{
+	size_t esz = kolo_dtype_size(c->dtype), bytes = c->count * esz, blk = chunk_bytes(esz);
+	size_t nchunks = bytes ? (bytes - 1) / blk + 1 : 0;
+	struct dev_ctx *x = r->x;
+	uint8_t *stage = NULL;
+	if (x && (sdev || rdev)) {
+		KOLO_CHECK(ensure_stage(x, 0, bytes, eb));
+		stage = x->stage[0];
+	}
+	if (sdev)
+		KOLO_CHECK(ensure_events(x, nchunks, eb));
+	kolo_status_t st = KOLO_OK;
+	/* Every chunk's copy from the device is queued at once: the stream runs
+	 * them back to back while the ring works on the first ones. */
+	for (size_t k = 0; sdev && k < nchunks && st == KOLO_OK; k++) {
+		size_t off = k * blk, len = KOLO_MIN(blk, bytes - off);
+		st = kolo_gpu_memcpy_async(stage + off, (const uint8_t *)c->send + off, len, x->in,
+		                           eb);
+		if (st == KOLO_OK)
+			st = kolo_gpu_event_record(x->ev[k], x->in, eb);
+	}
+	for (size_t k = 0; k < nchunks && st == KOLO_OK; k++) {
+		size_t off = k * blk, len = KOLO_MIN(blk, bytes - off), n = len / esz;
+		if (sdev)
+			st = kolo_gpu_event_sync(x->ev[k], r->timeout_ms, eb);
+		if (st != KOLO_OK)
+			break;
+		const void *src = sdev ? (const void *)(stage + off)
+		                       : (const void *)((const uint8_t *)c->send + off);
+		void *dst = rdev ? (void *)(stage + off) : (void *)((uint8_t *)c->recv + off);
+		kolo_status_t rs;
+		if (bcast) {
+			/* The root's chunk is in the stage (sdev) or the host buffer;
+			 * the others receive into the stage (rdev) or the buffer. */
+			rs = kolo_ring_broadcast(r->rc, sdev || rdev ? (void *)(stage + off) : dst,
+			                         n, c->dtype, c->root);
+		} else {
+			rs = kolo_ring_allreduce(r->rc, src, dst, n, c->dtype, c->op, c->pre,
+			                         c->post);
+		}
+		if (rs != KOLO_OK) {
+			st = ring_fail(r->rc, rs, eb);
+			break;
+		}
+		if (rdev)
+			st = kolo_gpu_memcpy_async((uint8_t *)c->recv + off, stage + off, len,
+			                           x->out, eb);
+	}
+	if (st == KOLO_OK && rdev)
+		st = kolo_gpu_stream_sync(x->out, r->timeout_ms, eb);
+	if (st != KOLO_OK)
+		drain(r);
+	return st;
+}
+
+static size_t sum(const size_t *v, int n)
+{
+	size_t s = 0;
+	for (int i = 0; i < n; i++)
+		s += v[i];
+	return s;
+}
+
+/* The collectives whose input and output differ in size: both staged whole. */
+static kolo_status_t whole(struct run *r, const struct kolo_dcoll *c, bool sdev, bool rdev,
+                           struct kolo_errbuf *eb)
+{
+	int size = r->comm->assignment.size, rank = r->comm->assignment.rank;
+	size_t esz = kolo_dtype_size(c->dtype), in = 0, out = 0;
+	switch (c->kind) {
+	case KOLO_DC_ALLGATHERV:
+		in = c->counts[rank];
+		out = sum(c->counts, size);
+		break;
+	case KOLO_DC_REDUCESCATTER:
+		in = sum(c->counts, size);
+		out = c->counts[rank];
+		break;
+	case KOLO_DC_ALLTOALLV:
+		in = sum(c->counts, size);
+		out = sum(c->rcounts, size);
+		break;
+	default:
+		return kolo_fail(eb, KOLO_EINVAL, "device collective kind %d", (int)c->kind);
+	}
+	in *= esz;
+	out *= esz;
+	struct dev_ctx *x = r->x;
+	const void *src = c->send;
+	void *dst = c->recv;
+	kolo_status_t st = KOLO_OK;
+	if (sdev) {
+		KOLO_CHECK(ensure_stage(x, 0, in, eb));
+		src = x->stage[0];
+		st = kolo_gpu_memcpy_async(x->stage[0], c->send, in, x->in, eb);
+		if (st == KOLO_OK)
+			st = kolo_gpu_stream_sync(x->in, r->timeout_ms, eb);
+	}
+	if (st == KOLO_OK && rdev) {
+		st = ensure_stage(x, 1, out, eb);
+		dst = x->stage[1];
+	}
+	kolo_status_t rs = KOLO_OK;
+	if (st == KOLO_OK) {
+		switch (c->kind) {
+		case KOLO_DC_ALLGATHERV:
+			rs = kolo_ring_allgatherv(r->rc, src, dst, c->counts, c->dtype);
+			break;
+		case KOLO_DC_REDUCESCATTER:
+			rs = kolo_ring_reducescatter(r->rc, src, dst, c->counts, c->dtype, c->op,
+			                             c->pre, c->post);
+			break;
+		default:
+			rs = kolo_ring_alltoallv(r->rc, src, c->counts, dst, c->rcounts, c->dtype);
+			break;
+		}
+		if (rs != KOLO_OK)
+			st = ring_fail(r->rc, rs, eb);
+	}
+	if (st == KOLO_OK && rdev) {
+		st = kolo_gpu_memcpy_async(c->recv, x->stage[1], out, x->out, eb);
+		if (st == KOLO_OK)
+			st = kolo_gpu_stream_sync(x->out, r->timeout_ms, eb);
+	}
+	if (st != KOLO_OK)
+		drain(r);
+	return st;
+}
+
+/* The device the run's streams live on: the first device buffer's. */
+static kolo_status_t run_begin(struct run *r, const struct kolo_dcoll *c, bool sdev, bool rdev,
+                               struct kolo_errbuf *eb)
+{
+	r->x = NULL;
+	r->saved = -1;
+	if (!sdev && !rdev)
+		return KOLO_OK;
+	int ordinal;
+	KOLO_CHECK(kolo_gpu_ptr_device(sdev ? c->send : c->recv, &ordinal, eb));
+	struct kolo_device_state *d;
+	KOLO_CHECK(state_of(r->comm, &d, eb));
+	KOLO_CHECK(kolo_gpu_get_device(&r->saved, eb));
+	kolo_status_t st = ordinal == r->saved ? KOLO_OK : kolo_gpu_set_device(ordinal, eb);
+	if (st == KOLO_OK)
+		st = ctx_of(d, ordinal, &r->x, eb);
+	if (st == KOLO_OK && c->after) {
+		st = kolo_gpu_stream_wait_event(r->x->in, c->after, eb);
+		if (st == KOLO_OK)
+			st = kolo_gpu_stream_wait_event(r->x->out, c->after, eb);
+	}
+	return st;
+}
+
+static void run_end(struct run *r)
+{
+	if (r->saved >= 0 && (!r->x || r->x->ordinal != r->saved))
+		kolo_gpu_set_device(r->saved, NULL);
+}
+
+static kolo_status_t staged(struct kolo_comm *comm, struct kolo_ring_comm *rc,
+                            const struct kolo_dcoll *c, struct kolo_errbuf *eb)
+{
+	struct run r = {.comm = comm, .rc = rc, .timeout_ms = comm->timeout_ms};
+	bool sdev, rdev, bcast = c->kind == KOLO_DC_BROADCAST;
+	if (bcast) {
+		bool dev = is_device(c->recv), root = comm->assignment.rank == c->root;
+		sdev = dev && root;
+		rdev = dev && !root;
+	} else {
+		sdev = is_device(c->send);
+		rdev = is_device(c->recv);
+	}
+	kolo_status_t st = run_begin(&r, c, sdev, rdev, eb);
+	if (st == KOLO_OK) {
+		if (bcast || c->kind == KOLO_DC_ALLREDUCE)
+			st = chunked(&r, c, bcast, sdev, rdev, eb);
+		else
+			st = whole(&r, c, sdev, rdev, eb);
+	}
+	run_end(&r);
+	return st;
+}
+
+/* Staged, under the state's lock (one staged collective at a time per comm:
+ * they share the streams and staging buffers). */
+static kolo_status_t staged_locked(struct kolo_comm *comm, struct kolo_ring_comm *rc,
+                                   const struct kolo_dcoll *c, struct kolo_errbuf *eb)
+{
+	struct kolo_device_state *d;
+	KOLO_CHECK(state_of(comm, &d, eb));
+	pthread_mutex_lock(&d->lock);
+	kolo_status_t st = staged(comm, rc, c, eb);
+	pthread_mutex_unlock(&d->lock);
+	return st;
+}
+
+kolo_status_t kolo_device_run(struct kolo_comm *comm, struct kolo_ring_comm *rc,
+                              const struct kolo_dcoll *c, struct kolo_errbuf *eb)
+{
+	/* The NCCL path's choice depends on what every rank passes alike, so
+	 * every rank takes the same path. */
+	kolo_status_t st = kolo_device_nccl_try(comm, rc, c, eb);
+	if (st != KOLO_EUNSUPPORTED)
+		return st;
+	return staged_locked(comm, rc, c, eb);
+}
+
+kolo_status_t kolo_device_allreduce(struct kolo_comm *comm, struct kolo_ring_comm *rc,
+                                    const void *sendbuf, void *recvbuf, size_t count,
+                                    kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                    double postscale, void *after, struct kolo_errbuf *eb)
+{
+	struct kolo_dcoll c = {.kind = KOLO_DC_ALLREDUCE,
+	                       .send = sendbuf,
+	                       .recv = recvbuf,
+	                       .count = count,
+	                       .dtype = dtype,
+	                       .op = op,
+	                       .pre = prescale,
+	                       .post = postscale,
+	                       .after = after};
+	return staged_locked(comm, rc, &c, eb);
+}
+
+kolo_status_t kolo_device_ready_event(void **event, struct kolo_errbuf *eb)
+{
+	KOLO_CHECK(kolo_gpu_event_create(event, eb));
+	kolo_status_t st = kolo_gpu_event_record(*event, user_stream, eb);
+	if (st != KOLO_OK) {
+		kolo_gpu_event_destroy(*event);
+		*event = NULL;
+	}
+	return st;
+}
+
+/* ---- the engine's hooks ----------------------------------------------------- */
+
+static kolo_status_t hook_coll(void *arg, struct kolo_ring_comm *rc, const struct kolo_dcoll *c,
+                               struct kolo_errbuf *eb)
+{
+	return kolo_device_run(arg, rc, c, eb);
+}
+
+/* The engine thread's current device becomes ordinal: it packs the fusion
+ * buffer there. */
+static kolo_status_t hook_stream(void *arg, int ordinal, void **stream, struct kolo_errbuf *eb)
+{
+	struct kolo_device_state *d;
+	struct dev_ctx *x;
+	KOLO_CHECK(state_of(arg, &d, eb));
+	KOLO_CHECK(kolo_gpu_set_device(ordinal, eb));
+	pthread_mutex_lock(&d->lock);
+	kolo_status_t st = ctx_of(d, ordinal, &x, eb);
+	pthread_mutex_unlock(&d->lock);
+	*stream = st == KOLO_OK ? x->in : NULL;
+	return st;
+}
+
+void kolo_device_engine_hooks(struct kolo_comm *comm, struct kolo_engine_device *out)
+{
+	*out = (struct kolo_engine_device){.coll = hook_coll,
+	                                   .stream = hook_stream,
+	                                   .arg = comm,
+	                                   .timeout_ms = comm->timeout_ms};
+}
