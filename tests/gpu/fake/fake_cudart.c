@@ -174,7 +174,7 @@ struct stream {
 	struct op *head, *tail;
 	uint64_t queued, done;
 	int device;
-	bool in_use, dead; /* dead: inherited over fork, its worker is gone */
+	bool in_use, dead;   /* dead: inherited over fork, its worker is gone */
 	struct stream *next; /* in all_streams; set before publication, never changed */
 };
 
@@ -188,11 +188,16 @@ static _Thread_local struct stream *per_thread[MAX_DEV];
 static pthread_mutex_t ev_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ev_cond = PTHREAD_COND_INITIALIZER;
 
+static void reach(struct op *op);
+
+/* An event record (run NULL) completes under ev_lock and the stream's lock
+ * at once, so a stream seen idle has its events reached and the other way
+ * round. */
 static void *worker(void *arg)
 {
 	struct stream *s = arg;
-	pthread_mutex_lock(&s->lock);
 	for (;;) {
+		pthread_mutex_lock(&s->lock);
 		while (!s->head)
 			pthread_cond_wait(&s->cond, &s->lock);
 		struct op *op = s->head;
@@ -200,11 +205,19 @@ static void *worker(void *arg)
 		if (!s->head)
 			s->tail = NULL;
 		pthread_mutex_unlock(&s->lock);
-		op->run(op);
-		free(op);
+		if (op->run)
+			op->run(op);
+		else
+			pthread_mutex_lock(&ev_lock);
 		pthread_mutex_lock(&s->lock);
 		s->done++;
 		pthread_cond_broadcast(&s->cond);
+		pthread_mutex_unlock(&s->lock);
+		if (!op->run) {
+			reach(op);
+			pthread_mutex_unlock(&ev_lock);
+		}
+		free(op);
 	}
 	return NULL;
 }
@@ -374,8 +387,9 @@ static int devices(void)
 	X(cudaErrorInvalidResourceHandle, "invalid resource handle")                               \
 	X(cudaErrorNotReady, "device not ready")                                                   \
 	X(cudaErrorHostMemoryAlreadyRegistered,                                                    \
-	  "part or all of the requested memory range is already mapped")                          \
-	X(cudaErrorHostMemoryNotRegistered, "pointer does not correspond to a registered memory region")
+	  "part or all of the requested memory range is already mapped")                           \
+	X(cudaErrorHostMemoryNotRegistered,                                                        \
+	  "pointer does not correspond to a registered memory region")
 
 const char *cudaGetErrorString(cudaError_t error)
 {
@@ -488,13 +502,27 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 	if (e != cudaSuccess)
 		return e;
 	switch (attr) {
-	case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
-	case cudaDevAttrMultiProcessorCount: *value = 132; break;
-	case cudaDevAttrWarpSize: *value = 32; break;
-	case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
-	case cudaDevAttrPciBusId: *value = 0x10 + device; break;
-	case cudaDevAttrUnifiedAddressing: *value = 1; break;
-	default: *value = 0; break;
+	case cudaDevAttrComputeCapabilityMajor:
+		*value = 9;
+		break;
+	case cudaDevAttrMultiProcessorCount:
+		*value = 132;
+		break;
+	case cudaDevAttrWarpSize:
+		*value = 32;
+		break;
+	case cudaDevAttrMaxThreadsPerBlock:
+		*value = 1024;
+		break;
+	case cudaDevAttrPciBusId:
+		*value = 0x10 + device;
+		break;
+	case cudaDevAttrUnifiedAddressing:
+		*value = 1;
+		break;
+	default:
+		*value = 0;
+		break;
 	}
 	return cudaSuccess;
 }
@@ -513,11 +541,15 @@ cudaError_t cudaDeviceSynchronize(void)
 	if (e != cudaSuccess)
 		return e;
 	pthread_mutex_lock(&reg_lock);
-	struct stream *head = all_streams;
+	struct stream *s = all_streams;
 	pthread_mutex_unlock(&reg_lock);
-	for (struct stream *s = head; s; s = s->next)
-		if (!s->dead && s->device == cur_dev)
+	for (; s; s = s->next) { /* not waiting under reg_lock */
+		pthread_mutex_lock(&reg_lock);
+		bool mine = !s->dead && s->device == cur_dev;
+		pthread_mutex_unlock(&reg_lock);
+		if (mine)
 			stream_sync(s);
+	}
 	return cudaSuccess;
 }
 
@@ -547,7 +579,7 @@ cudaError_t cudaMalloc(void **p, size_t size)
 		shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	}
 	close(fd);
-	struct region r = { dev, shadow, size, len, R_DEVICE, cur_dev };
+	struct region r = {dev, shadow, size, len, R_DEVICE, cur_dev};
 	if (dev == MAP_FAILED || shadow == MAP_FAILED || add_region(r) != cudaSuccess) {
 		if (dev != MAP_FAILED)
 			munmap(dev, len);
@@ -570,7 +602,7 @@ static cudaError_t host_alloc(void **p, size_t size, enum rtype type)
 	char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (m == MAP_FAILED)
 		return fail(cudaErrorMemoryAllocation);
-	if (add_region((struct region){ m, m, size, len, type, cur_dev }) != cudaSuccess) {
+	if (add_region((struct region){m, m, size, len, type, cur_dev}) != cudaSuccess) {
 		munmap(m, len);
 		return fail(cudaErrorMemoryAllocation);
 	}
@@ -638,7 +670,7 @@ cudaError_t cudaHostRegister(void *p, size_t size, unsigned int flags)
 	pthread_mutex_unlock(&mem_lock);
 	if (overlap)
 		return fail(cudaErrorHostMemoryAlreadyRegistered);
-	cudaError_t e = add_region((struct region){ p, p, size, size, R_REGISTERED, cur_dev });
+	cudaError_t e = add_region((struct region){p, p, size, size, R_REGISTERED, cur_dev});
 	return e == cudaSuccess ? e : fail(e);
 }
 
@@ -713,7 +745,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 		kind = (enum cudaMemcpyKind)((sk == K_DEVICE) << 1 | (dk == K_DEVICE));
 	else if ((unsigned)kind > cudaMemcpyDeviceToDevice)
 		return fail(cudaErrorInvalidMemcpyDirection);
-	else if (!fits(sk, kind >> 1 ? K_DEVICE : K_HOST) || !fits(dk, kind & 1 ? K_DEVICE : K_HOST))
+	else if (!fits(sk, kind >> 1 ? K_DEVICE : K_HOST) ||
+	         !fits(dk, kind & 1 ? K_DEVICE : K_HOST))
 		return fail(cudaErrorInvalidValue);
 	struct op *op = op_new(run_copy);
 	if (!op)
@@ -846,16 +879,14 @@ static void event_unref(struct event *e) /* under ev_lock */
 		free(e);
 }
 
-static void run_record(struct op *op)
+static void reach(struct op *op) /* under ev_lock */
 {
-	pthread_mutex_lock(&ev_lock);
 	if (op->gen > op->ev->reached) {
 		op->ev->reached = op->gen;
 		clock_gettime(CLOCK_MONOTONIC, &op->ev->at);
 	}
 	event_unref(op->ev);
 	pthread_cond_broadcast(&ev_cond);
-	pthread_mutex_unlock(&ev_lock);
 }
 
 static void run_wait(struct op *op)
@@ -918,12 +949,12 @@ static cudaError_t event_op(cudaEvent_t h, cudaStream_t stream, void (*run)(stru
 cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags)
 {
 	(void)flags;
-	return event_op(event, stream, run_record, true);
+	return event_op(event, stream, NULL, true);
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
-	return event_op(event, stream, run_record, true);
+	return event_op(event, stream, NULL, true);
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
