@@ -513,6 +513,12 @@ static kolo_status_t dev_packed(struct kolo_engine *e, struct fused_item **b, si
 		tl_window(e, b, nb, l.item_off, 0, total, NULL);
 out:
 	layout_free(&l);
+	if (st == KOLO_ETIMEDOUT) {
+		/* Copies may still be queued against the buffer: abandon it
+		 * rather than free it under them. */
+		e->dfbuf = NULL;
+		e->dfbuf_cap = 0;
+	}
 	return st == KOLO_OK ? KOLO_OK : dev_fail(st, &eb, msg, len);
 }
 

@@ -35,6 +35,9 @@ struct dev_ctx {
 	size_t stage_cap[2];
 	void **ev;
 	size_t nev;
+	/* A failed run could not wait for its copies: they may still write the
+	 * staging buffers, so the context is retired (staged() below). */
+	bool lost;
 };
 
 struct kolo_device_state {
@@ -181,13 +184,15 @@ struct run {
 
 /* Waits for both streams after a failure, so that no copy still touches the
  * caller's or the staging buffers; their own errors are dropped (the first
- * failure is the one reported). */
+ * failure is the one reported). When they do not finish in time (the
+ * caller's stream is stuck), the context is marked lost. */
 static void drain(struct run *r)
 {
 	if (!r->x)
 		return;
-	kolo_gpu_stream_sync(r->x->in, r->timeout_ms, NULL);
-	kolo_gpu_stream_sync(r->x->out, r->timeout_ms, NULL);
+	if (kolo_gpu_stream_sync(r->x->in, r->timeout_ms, NULL) != KOLO_OK ||
+	    kolo_gpu_stream_sync(r->x->out, r->timeout_ms, NULL) != KOLO_OK)
+		r->x->lost = true;
 }
 
 /* Chunk by chunk: allreduce (bcast false) or broadcast from root (bcast
@@ -218,10 +223,15 @@ static kolo_status_t chunked(struct run *r, const struct kolo_dcoll *c, bool bca
 	}
 	for (size_t k = 0; k < nchunks && st == KOLO_OK; k++) {
 		size_t off = k * blk, len = KOLO_MIN(blk, bytes - off), n = len / esz;
-		if (sdev)
-			st = kolo_gpu_event_sync(x->ev[k], r->timeout_ms, eb);
-		if (st != KOLO_OK)
+		if (sdev && (st = kolo_gpu_event_sync(x->ev[k], r->timeout_ms, eb)) != KOLO_OK) {
+			char why[KOLO_ERRBUF_SIZE];
+			snprintf(why, sizeof(why), "%s", eb ? eb->msg : "");
+			kolo_fail(eb, st,
+			          "%s: chunk %zu of %zu from device %d (after the caller's "
+			          "stream): %s",
+			          bcast ? "broadcast" : "allreduce", k, nchunks, x->ordinal, why);
 			break;
+		}
 		const void *src = sdev ? (const void *)(stage + off)
 		                       : (const void *)((const uint8_t *)c->send + off);
 		void *dst = rdev ? (void *)(stage + off) : (void *)((uint8_t *)c->recv + off);
@@ -354,6 +364,12 @@ static void run_end(struct run *r)
 		kolo_gpu_set_device(r->saved, NULL);
 }
 
+/* comm's state, which staged()'s caller created. */
+static struct kolo_device_state *d_of(struct kolo_comm *comm)
+{
+	return comm->device;
+}
+
 static kolo_status_t staged(struct kolo_comm *comm, struct kolo_ring_comm *rc,
                             const struct kolo_dcoll *c, struct kolo_errbuf *eb)
 {
@@ -373,6 +389,16 @@ static kolo_status_t staged(struct kolo_comm *comm, struct kolo_ring_comm *rc,
 			st = chunked(&r, c, bcast, sdev, rdev, eb);
 		else
 			st = whole(&r, c, sdev, rdev, eb);
+	}
+	if (r.x && r.x->lost) {
+		/* Its streams still hold copies into its staging buffers: leaked
+		 * (freeing them under the copies would be worse), and the next
+		 * collective on this device starts afresh. */
+		KOLO_WARN(SUBSYS,
+		          "device %d: kolo's streams did not drain after a failure; their "
+		          "buffers are abandoned",
+		          r.x->ordinal);
+		d_of(comm)->dev[r.x->ordinal] = NULL;
 	}
 	run_end(&r);
 	return st;

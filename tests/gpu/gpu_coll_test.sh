@@ -3,7 +3,8 @@
 # gpu_coll_worker MODE on NP ranks. LIBDIR holds the fake libcudart.so.13 and
 # libnccl.so.2 (tests/gpu/fake), put first on LD_LIBRARY_PATH; "none" uses
 # the machine's own CUDA (a real GPU). Exits 77 (skipped) without the fake or
-# without a visible device. MODE all: every worker must pass. MODE kill: the
+# without a visible device. MODE all and timeout: every worker must pass
+# (timeout with KOLO_TIMEOUT_MS=500). MODE kill: the
 # last rank dies, and every other one must report its failed collectives
 # within the bound (no hang).
 set -u
@@ -20,6 +21,7 @@ fi
 # is pipelined; a cycle long enough that the small tensors enqueued together
 # fuse. A dead peer is seen by EOF at once; the timeout only bounds the test.
 KOLO_GPU_STAGE_CHUNK_BYTES=65536 KOLO_CYCLE_TIME=20 KOLO_TIMEOUT_MS=15000
+[ "$mode" = timeout ] && KOLO_TIMEOUT_MS=500
 export KOLO_GPU_STAGE_CHUNK_BYTES KOLO_CYCLE_TIME KOLO_TIMEOUT_MS
 out=$(mktemp "${TMPDIR:-/tmp}/gpu-coll.XXXXXX") || exit 1
 trap 'rm -f "$out"' EXIT

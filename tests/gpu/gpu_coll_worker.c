@@ -10,7 +10,9 @@
  * function holding the caller's stream before the copy of the real input:
  * kolo must wait for it); many small device tensors fused (the timeline).
  * MODE kill: the last rank SIGKILLs itself while the others are inside
- * device collectives; they must fail (not hang) and say so ("survivor"). */
+ * device collectives; they must fail (not hang) and say so ("survivor").
+ * MODE timeout: the caller's stream stuck past KOLO_TIMEOUT_MS gives
+ * KOLO_ETIMEDOUT, and the comm works once it moves on. */
 #include <dlfcn.h>
 #include <jansson.h>
 #include <math.h>
@@ -352,11 +354,12 @@ static void test_rs_alltoall(kolo_comm_t *comm)
 
 /* ---- the stream ordering ------------------------------------------------- */
 
-/* Holds the caller's stream: what a long kernel producing the input is. */
+/* Holds the caller's stream for *arg ms (150 when NULL): what a long kernel
+ * producing the input is. */
 static void hold(void *arg)
 {
-	(void)arg;
-	struct timespec ts = {0, 150 * 1000 * 1000};
+	long ms = arg ? *(const long *)arg : 150;
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000 * 1000};
 	nanosleep(&ts, NULL);
 }
 
@@ -551,6 +554,24 @@ static void test_async(kolo_comm_t *comm, const char *timeline)
 	cuda_free(rs);
 	cuda_free(rr);
 
+	/* Rank 0 passes device memory, the others host memory, under one name:
+	 * the ranks would take different paths, so every rank fails it with
+	 * the mismatch named, and nothing hangs. */
+	float *mm = rank_ == 0 ? dev_vals(0, 64, 0) : host_vals(rank_, 64, 0);
+	ok(comm,
+	   kolo_allreduce_async(comm, "mixed.kinds", mm, mm, 64, KOLO_FLOAT32, KOLO_SUM, 1, 1, NULL,
+	                        NULL, &ah),
+	   "allreduce_async mixed kinds");
+	kolo_status_t mst = kolo_wait(ah);
+	CHECK(mst == KOLO_EMISMATCH, "mixed kinds gave %s", kolo_status_name(mst));
+	CHECK(strstr(kolo_last_error(comm), "mismatched memory for 'mixed.kinds'") &&
+	              strstr(kolo_last_error(comm), "rank 0: device"),
+	      "mixed kinds message '%s'", kolo_last_error(comm));
+	if (rank_ == 0)
+		cuda_free(mm);
+	else
+		free(mm);
+
 	if (rank_ == 0 && timeline) {
 		ok(comm, kolo_timeline_stop(comm), "timeline_stop");
 		int in = tensors_with(timeline, "fuse.", "MEMCPY_IN_FUSION_BUFFER");
@@ -567,7 +588,7 @@ static void test_async(kolo_comm_t *comm, const char *timeline)
 	}
 }
 
-/* ---- kill ---------------------------------------------------------------- */
+/* ---- a stuck stream ------------------------------------------------------ */
 
 static double ms_since(const struct timespec *t0)
 {
@@ -575,6 +596,48 @@ static double ms_since(const struct timespec *t0)
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
 }
+
+/* The caller's stream stays blocked past KOLO_TIMEOUT_MS (the script sets
+ * 500 ms; the hold is 2 s): the collective must fail with KOLO_ETIMEDOUT and
+ * say why, on every rank (each waits for its own stream), and once the
+ * stream has moved on the comm works again. */
+static int run_timeout(kolo_comm_t *comm)
+{
+	size_t n = 5000;
+	float *d = dev_vals(rank_, n, 0);
+	void *s = NULL;
+	static long ms = 2000;
+	CHECK(cuda_stream_create(&s) == 0, "cudaStreamCreate");
+	ok(comm, kolo_cuda_set_stream(s), "kolo_cuda_set_stream");
+	CHECK(cuda_launch_host_func(s, hold, &ms) == 0, "cudaLaunchHostFunc");
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	kolo_status_t st = kolo_allreduce(comm, d, d, n, KOLO_FLOAT32, KOLO_SUM);
+	double took = ms_since(&t0);
+	printf("gpu_coll_worker: rank %d: stuck stream: %s after %.0f ms: %s\n", rank_,
+	       kolo_status_name(st), took, kolo_last_error(comm));
+	CHECK(st == KOLO_ETIMEDOUT, "stuck stream: %s, want KOLO_ETIMEDOUT", kolo_status_name(st));
+	CHECK(strstr(kolo_last_error(comm), "did not finish within") != NULL, "message: %s",
+	      kolo_last_error(comm));
+	CHECK(took < 1900, "the timeout took %.0f ms (the hold is 2000)", took);
+	/* The stream moves on; the next collective, on a fresh context, works. */
+	CHECK(cuda_stream_synchronize(s) == 0, "cudaStreamSynchronize");
+	float *h = host_vals(rank_, n, 0);
+	to_dev(d, h, n * sizeof(float));
+	free(h);
+	ok(comm, kolo_allreduce(comm, d, d, n, KOLO_FLOAT32, KOLO_SUM), "allreduce after");
+	struct scale one = {1, 1, 0};
+	expect("allreduce after the timeout", d, true, n, want_sum, &one);
+	ok(comm, kolo_cuda_set_stream(NULL), "kolo_cuda_set_stream(NULL)");
+	cuda_stream_destroy(s);
+	cuda_free(d);
+	ok(comm, kolo_finalize(comm), "finalize");
+	if (!failures)
+		printf("gpu_coll_worker: rank %d of %d: every check passed\n", rank_, size_);
+	return failures ? 1 : 0;
+}
+
+/* ---- kill ---------------------------------------------------------------- */
 
 /* The last rank's killer: it dies while its main thread, like every other
  * rank, is inside a staged device allreduce. */
@@ -645,6 +708,8 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(mode, "kill") == 0)
 		return run_kill(comm);
+	if (strcmp(mode, "timeout") == 0)
+		return run_timeout(comm);
 	test_allreduce(comm);
 	test_gather_bcast(comm);
 	test_rs_alltoall(comm);
