@@ -57,7 +57,7 @@ timeout 60 "$kolorun" -np 2 -- "$bench" allreduce --device cuda -b 4K -e 4K --it
 grep -q '^\[0\] # device: rank 0 on cuda:0 ' "$tmp/table" || { cat "$tmp/table"; fail "no device line"; }
 grep '# device:' "$tmp/table"
 
-# copybw: alone and on 2 ranks at once, every figure positive.
+# copybw: alone and on 2 ranks at once, 4K..1M by 4 (5 sizes), every figure positive.
 for np in 1 2; do
 	if [ $np -eq 1 ]; then
 		timeout 60 "$bench" copybw -b 4K -e 1M --json >"$tmp/copy" 2>"$tmp/err"
@@ -66,7 +66,7 @@ for np in 1 2; do
 	fi || { cat "$tmp/copy" "$tmp/err"; fail "copybw on $np ranks"; }
 	n=$(grep -c '"op":"copybw"' "$tmp/copy")
 	pos=$(grep '"op":"copybw"' "$tmp/copy" | grep -vc '_gbps":0\.0000')
-	[ "$n" -eq 3 ] && [ "$pos" -eq 3 ] || { cat "$tmp/copy"; fail "copybw on $np ranks: $n rows, $pos positive"; }
+	[ "$n" -eq 5 ] && [ "$pos" -eq 5 ] || { cat "$tmp/copy"; fail "copybw on $np ranks: $n rows, $pos positive"; }
 	echo "ok: copybw on $np rank(s): $n sizes"
 done
 
