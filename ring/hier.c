@@ -441,3 +441,10 @@ bool ring_hier_costs_of(const struct kolo_ring_hier *h, struct kolo_ring_link_co
 	*net = h->cfg.net;
 	return true;
 }
+
+struct kolo_ring_comm *kolo_ring_hier_sub(const struct kolo_ring_comm *rc, bool cross)
+{
+	if (!rc->hier)
+		return NULL;
+	return cross ? rc->hier->cross : rc->hier->local;
+}

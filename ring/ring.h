@@ -197,6 +197,12 @@ enum kolo_ring_algo kolo_ring_allreduce_algo(const struct kolo_ring_comm *rc, si
  * in (1: the hierarchy's stages one after another); 0 when it does not take
  * the hierarchy. Pure: the same on every rank. */
 size_t kolo_ring_allreduce_chunks(const struct kolo_ring_comm *rc, size_t bytes);
+/* The hierarchy's sub-comm over the ranks of this host (cross false) or over
+ * the ranks of every host with this local rank (cross true); NULL when no
+ * hierarchy is attached. Owned by rc. For the GPU path (runtime/device_nccl.c),
+ * whose stage inside a host runs in NCCL and whose stage between hosts runs on
+ * the cross sub-comm. */
+struct kolo_ring_comm *kolo_ring_hier_sub(const struct kolo_ring_comm *rc, bool cross);
 /* The costs in use (measured or configured); false when none attached. */
 bool kolo_ring_hier_costs(const struct kolo_ring_comm *rc, struct kolo_ring_link_cost *shm,
                           struct kolo_ring_link_cost *net);

@@ -126,8 +126,12 @@ static struct worker *start_worker(void)
 		x++;
 	char **env = calloc(n + m + x + 1, sizeof(*env));
 	size_t k = 0;
+	/* The caller's kolo parameters are not the test's; the fake CUDA
+	 * runtime's settings (tests/gpu/fake) are. */
 	for (size_t a = 0; a < n; a++)
-		if (strncmp(environ[a], "KOLO_", 5) != 0 && strncmp(environ[a], "HOROVOD_", 8) != 0)
+		if ((strncmp(environ[a], "KOLO_", 5) != 0 ||
+		     strncmp(environ[a], "KOLO_FAKE_", 10) == 0) &&
+		    strncmp(environ[a], "HOROVOD_", 8) != 0)
 			env[k++] = environ[a];
 	for (size_t b = 0; b < m; b++)
 		env[k++] = (char *)mine[b];

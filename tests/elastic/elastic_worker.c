@@ -29,7 +29,16 @@
  * the accumulator were checked; and a worker that leaves checks acc before
  * printing "LEFT". The soak runs with a STEPS it never reaches and ends every
  * worker with SIGTERM. ELASTIC_WORKER_CORRUPT=STEP adds 1 to acc[0] once, at
- * the first step >= STEP (the soak's check that a wrong result is caught). */
+ * the first step >= STEP (the soak's check that a wrong result is caught).
+ *
+ * ELASTIC_WORKER_DEVICE=1 (blocking mode only): the allreduce runs on a CUDA
+ * device buffer (libcudart.so.13 opened with dlopen: a GPU, or the fake of
+ * tests/gpu/fake), each rank on GPU (its first local rank) modulo the GPUs
+ * visible. With ELASTIC_WORKER_DEVICE_NCCL=1 the worker also checks, with the
+ * fake's copy counters, that every allreduce of a round whose ranks share
+ * one host ran in NCCL (none of the payload copied to the host): that the
+ * communicator a re-form aborted was formed again. */
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -47,11 +56,81 @@ struct ctx {
 	int step_ms;
 	bool async;
 	bool soak;
+	bool device;        /* ELASTIC_WORKER_DEVICE */
 	int64_t corrupt_at; /* ELASTIC_WORKER_CORRUPT, or -1 */
 	int64_t step;       /* state */
 	double *acc;        /* state */
 	double *x;
 };
+
+/* ---- ELASTIC_WORKER_DEVICE ---------------------------------------------- */
+
+static struct {
+	int (*malloc_)(void **, size_t);
+	int (*memcpy_)(void *, const void *, size_t, int);
+	int (*set_device)(int);
+	int (*device_count)(int *);
+	void (*stats)(uint64_t bytes[4], uint64_t ops[4]); /* the fake's; may be NULL */
+	void *buf;
+	bool check_nccl;
+} dev;
+
+static bool dev_load(void)
+{
+	void *h = dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
+	if (!h)
+		return false;
+	void *p[5] = {dlsym(h, "cudaMalloc"), dlsym(h, "cudaMemcpy"), dlsym(h, "cudaSetDevice"),
+	              dlsym(h, "cudaGetDeviceCount"), dlsym(h, "kolo_fake_cuda_stats")};
+	if (!p[0] || !p[1] || !p[2] || !p[3])
+		return false;
+	memcpy(&dev.malloc_, &p[0], sizeof(p[0]));
+	memcpy(&dev.memcpy_, &p[1], sizeof(p[1]));
+	memcpy(&dev.set_device, &p[2], sizeof(p[2]));
+	memcpy(&dev.device_count, &p[3], sizeof(p[3]));
+	memcpy(&dev.stats, &p[4], sizeof(p[4]));
+	const char *nc = getenv("ELASTIC_WORKER_DEVICE_NCCL");
+	dev.check_nccl = nc && strcmp(nc, "1") == 0 && dev.stats;
+	return true;
+}
+
+static uint64_t dev_d2h(void)
+{
+	uint64_t b[4] = {0};
+	if (dev.stats)
+		dev.stats(b, NULL);
+	return b[2]; /* cudaMemcpyDeviceToHost */
+}
+
+/* x = allreduce(x) through a device buffer. */
+static kolo_status_t dev_allreduce(kolo_comm_t *comm, double *x, size_t count)
+{
+	if (!dev.buf) {
+		int n = 0;
+		if (dev.device_count(&n) != 0 || n < 1 ||
+		    dev.set_device(kolo_local_rank(comm) % n) != 0 ||
+		    dev.malloc_(&dev.buf, count * sizeof(double)) != 0) {
+			printf("WRONG: no CUDA device buffer\n");
+			fflush(stdout);
+			exit(2);
+		}
+	}
+	dev.memcpy_(dev.buf, x, count * sizeof(double), 1 /* host to device */);
+	uint64_t before = dev_d2h();
+	kolo_status_t st = kolo_allreduce(comm, dev.buf, dev.buf, count, KOLO_FLOAT64, KOLO_SUM);
+	uint64_t moved = dev_d2h() - before;
+	if (st != KOLO_OK)
+		return st;
+	if (dev.check_nccl && kolo_size(comm) > 1 && kolo_local_size(comm) == kolo_size(comm) &&
+	    moved != 0) {
+		printf("WRONG: round %" PRId64 " staged %llu bytes through the host, not NCCL\n",
+		       kolo_round(comm), (unsigned long long)moved);
+		fflush(stdout);
+		exit(2);
+	}
+	dev.memcpy_(x, dev.buf, count * sizeof(double), 2 /* device to host */);
+	return KOLO_OK;
+}
 
 static void sleep_ms(int ms)
 {
@@ -118,6 +197,8 @@ static kolo_status_t train(kolo_comm_t *comm, kolo_state_t *state, void *arg)
 				printf("OPFAIL %s\n", kolo_status_name(st));
 				fflush(stdout);
 			}
+		} else if (c->device) {
+			st = dev_allreduce(comm, c->x, c->count);
 		} else {
 			st = kolo_allreduce(comm, c->x, c->x, c->count, KOLO_FLOAT64, KOLO_SUM);
 		}
@@ -158,11 +239,25 @@ int main(int argc, char **argv)
 		return 64;
 	}
 	struct ctx c = {
-	        .steps = atoll(argv[1]), .count = (size_t)atoll(argv[2]), .step_ms = atoi(argv[3])};
+	        .steps = atoll(argv[1]),
+	        .count = (size_t)atoll(argv[2]),
+	        .step_ms = atoi(argv[3]),
+	        .async = argc == 5,
+	};
 	const char *soak = getenv("ELASTIC_WORKER_SOAK");
 	c.soak = soak && strcmp(soak, "1") == 0;
 	const char *corrupt = getenv("ELASTIC_WORKER_CORRUPT");
 	c.corrupt_at = corrupt ? atoll(corrupt) : -1;
+	const char *device = getenv("ELASTIC_WORKER_DEVICE");
+	if (device && strcmp(device, "1") == 0) {
+		if (c.async || !dev_load()) {
+			fprintf(stderr,
+			        "ELASTIC_WORKER_DEVICE=1: blocking mode and libcudart.so.13 "
+			        "needed\n");
+			return 64;
+		}
+		c.device = true;
+	}
 	c.acc = calloc(c.count, sizeof(double));
 	c.x = calloc(c.count, sizeof(double));
 	if (!c.acc || !c.x)
