@@ -6,8 +6,8 @@
  * one stream while the ring reduces chunk k, and chunk k's copy back runs on
  * a second stream while the ring works on chunk k+1. Pre/postscale and
  * average are the ring's, applied on the staging buffer, so no kernel is
- * needed. The other collectives stage their whole buffers (their host
- * collectives are already pipelined by the ring).
+ * needed. Allgather and reducescatter run in rounds of a chunk per rank, to
+ * the same effect; alltoall(v) stages its whole buffers.
  *
  * Ordering: the caller's stream gets an event at the call; both of kolo's
  * streams wait for it on the device, so kolo reads the input only after the
@@ -268,7 +268,149 @@ static size_t sum(const size_t *v, int n)
 	return s;
 }
 
-/* The collectives whose input and output differ in size: both staged whole. */
+/* Elements of a block of count elements in round j of pieces of ce. */
+static size_t piece(size_t count, size_t j, size_t ce)
+{
+	size_t lo = j * ce;
+	return lo >= count ? 0 : KOLO_MIN(ce, count - lo);
+}
+
+/* A staging buffer: the context's i-th, or, with no device buffer in the
+ * call (the NCCL path's host scratch), one malloc'd for the call (*tofree). */
+static kolo_status_t stage(struct run *r, int i, size_t bytes, uint8_t **out, void **tofree,
+                           struct kolo_errbuf *eb)
+{
+	*tofree = NULL;
+	if (r->x) {
+		KOLO_CHECK(ensure_stage(r->x, i, bytes, eb));
+		*out = r->x->stage[i];
+		return KOLO_OK;
+	}
+	*out = *tofree = malloc(bytes ? bytes : 1);
+	return *out ? KOLO_OK : kolo_fail(eb, KOLO_ENOMEM, "out of memory");
+}
+
+/* Allgatherv and reducescatter in rounds: round j moves piece j (up to one
+ * chunk) of every rank's block, so the copies of one round overlap the ring
+ * of the next. The rounds depend on the counts only, which every rank
+ * passes alike, so every rank runs the same ring calls. Round j's data sits
+ * in its own region of the staging buffer (rank by rank, as the ring wants
+ * it), so no region is reused while a copy may still read it. */
+static kolo_status_t rounds(struct run *r, const struct kolo_dcoll *c, bool sdev, bool rdev,
+                            struct kolo_errbuf *eb)
+{
+	int size = r->comm->assignment.size, rank = r->comm->assignment.rank;
+	bool gather = c->kind == KOLO_DC_ALLGATHERV;
+	size_t esz = kolo_dtype_size(c->dtype), ce = chunk_bytes(esz) / esz, R = 0;
+	size_t total = sum(c->counts, size), mine = c->counts[rank];
+	for (int q = 0; q < size; q++)
+		R = KOLO_MAX(R, (c->counts[q] + ce - 1) / ce);
+	size_t *pc = calloc((size_t)size, sizeof(size_t)),
+	       *off = calloc((size_t)size, sizeof(size_t));
+	if (!pc || !off) {
+		free(pc);
+		free(off);
+		return kolo_fail(eb, KOLO_ENOMEM, "out of memory");
+	}
+	for (int q = 1; q < size; q++)
+		off[q] = off[q - 1] + c->counts[q - 1];
+	struct dev_ctx *x = r->x;
+	uint8_t *in = NULL, *out = NULL;
+	void *free_in = NULL, *free_out = NULL;
+	/* allgather: the input (this rank's block) is staged only from the
+	 * device, the output always (its rounds' layout is not recv's).
+	 * reducescatter: the input always (likewise), the output (this rank's
+	 * block, whose pieces are contiguous) only to the device. */
+	bool stage_in = gather ? sdev : true, stage_out = gather ? true : rdev;
+	kolo_status_t st = KOLO_OK;
+	if (stage_in)
+		st = stage(r, 0, (gather ? mine : total) * esz, &in, &free_in, eb);
+	if (st == KOLO_OK && stage_out)
+		st = stage(r, 1, (gather ? total : mine) * esz, &out, &free_out, eb);
+	if (st == KOLO_OK && sdev)
+		st = ensure_events(x, R, eb);
+	/* The copies from the device, every round's at once, an event after
+	 * each round's. */
+	for (size_t j = 0, roff = 0; sdev && j < R && st == KOLO_OK; j++) {
+		if (gather) {
+			size_t n = piece(mine, j, ce) * esz;
+			st = kolo_gpu_memcpy_async(in + j * ce * esz,
+			                           (const uint8_t *)c->send + j * ce * esz, n,
+			                           x->in, eb);
+		} else {
+			for (int q = 0; q < size && st == KOLO_OK; q++) {
+				size_t n = piece(c->counts[q], j, ce);
+				st = kolo_gpu_memcpy_async(in + roff * esz,
+				                           (const uint8_t *)c->send +
+				                                   (off[q] + j * ce) * esz,
+				                           n * esz, x->in, eb);
+				roff += n;
+			}
+		}
+		if (st == KOLO_OK)
+			st = kolo_gpu_event_record(x->ev[j], x->in, eb);
+	}
+	for (size_t j = 0, roff = 0; j < R && st == KOLO_OK; j++) {
+		size_t rtot = 0;
+		for (int q = 0; q < size; q++)
+			rtot += pc[q] = piece(c->counts[q], j, ce);
+		if (sdev && (st = kolo_gpu_event_sync(x->ev[j], r->timeout_ms, eb)) != KOLO_OK)
+			break;
+		if (!gather && !sdev) { /* the host input, into this round's layout */
+			size_t o = roff;
+			for (int q = 0; q < size; o += pc[q], q++)
+				memcpy(in + o * esz,
+				       (const uint8_t *)c->send + (off[q] + j * ce) * esz,
+				       pc[q] * esz);
+		}
+		kolo_status_t rs;
+		if (gather) {
+			const void *src =
+			        sdev ? (const void *)(in + j * ce * esz)
+			             : (const void *)((const uint8_t *)c->send + j * ce * esz);
+			rs = kolo_ring_allgatherv(r->rc, src, out + roff * esz, pc, c->dtype);
+		} else {
+			void *dst = rdev ? (void *)(out + j * ce * esz)
+			                 : (void *)((uint8_t *)c->recv + j * ce * esz);
+			rs = kolo_ring_reducescatter(r->rc, in + roff * esz, dst, pc, c->dtype,
+			                             c->op, c->pre, c->post);
+		}
+		if (rs != KOLO_OK) {
+			st = ring_fail(r->rc, rs, eb);
+			break;
+		}
+		/* This round's output to its place. */
+		if (gather) {
+			size_t o = roff;
+			for (int q = 0; q < size && st == KOLO_OK; o += pc[q], q++) {
+				uint8_t *dst = (uint8_t *)c->recv + (off[q] + j * ce) * esz;
+				const uint8_t *src = out + o * esz;
+				if (rdev)
+					st = kolo_gpu_memcpy_async(dst, src, pc[q] * esz, x->out,
+					                           eb);
+				else
+					memcpy(dst, src, pc[q] * esz);
+			}
+		} else if (rdev) {
+			st = kolo_gpu_memcpy_async((uint8_t *)c->recv + j * ce * esz,
+			                           out + j * ce * esz, pc[rank] * esz, x->out, eb);
+		}
+		roff += rtot;
+	}
+	if (st == KOLO_OK && rdev)
+		st = kolo_gpu_stream_sync(x->out, r->timeout_ms, eb);
+	if (st != KOLO_OK)
+		drain(r);
+	free(free_in);
+	free(free_out);
+	free(pc);
+	free(off);
+	return st;
+}
+
+/* The collectives whose input and output differ in size: staged whole (alltoall(v): a rank knows
+ * only its own row and column of the counts, so it cannot plan rounds that every rank agrees on).
+ */
 static kolo_status_t whole(struct run *r, const struct kolo_dcoll *c, bool sdev, bool rdev,
                            struct kolo_errbuf *eb)
 {
@@ -387,6 +529,8 @@ static kolo_status_t staged(struct kolo_comm *comm, struct kolo_ring_comm *rc,
 	if (st == KOLO_OK) {
 		if (bcast || c->kind == KOLO_DC_ALLREDUCE)
 			st = chunked(&r, c, bcast, sdev, rdev, eb);
+		else if (c->kind == KOLO_DC_ALLGATHERV || c->kind == KOLO_DC_REDUCESCATTER)
+			st = rounds(&r, c, sdev, rdev, eb);
 		else
 			st = whole(&r, c, sdev, rdev, eb);
 	}

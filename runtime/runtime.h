@@ -215,8 +215,9 @@ struct kolo_engine_device; /* fusion.h */
 
 /* Runs c on rc (comm's ring, or the engine's when it owns the ring): the
  * same ring collectives on every rank whatever the memory of its buffers,
- * except that an allreduce or broadcast larger than one chunk is split into
- * chunks (the ranks of such a call must all take this path). Results are on
+ * except that an allreduce, broadcast, allgather or reducescatter larger
+ * than one chunk is split into chunks or rounds (the ranks of such a call
+ * must all take this path). Results are on
  * the device, visible to every stream, when it returns; every wait is
  * bounded by comm->timeout_ms (KOLO_ETIMEDOUT). Failure detail in eb. */
 kolo_status_t kolo_device_run(struct kolo_comm *comm, struct kolo_ring_comm *rc,

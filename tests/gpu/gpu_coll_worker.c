@@ -249,17 +249,22 @@ static double want_gatherv(size_t i, void *arg)
 
 static void test_gather_bcast(kolo_comm_t *comm)
 {
-	size_t n = 3001, counts[16];
+	/* Sizes over several 64 KiB chunks: the staged allgather runs in rounds. */
+	size_t n = 40001, counts[16];
 	for (int q = 0; q < size_; q++)
 		counts[q] = n;
 	float *s = dev_vals(rank_, n, 0), *r = dmalloc(n * (size_t)size_ * sizeof(float));
 	struct gather g = {counts, 0};
 	ok(comm, kolo_allgather(comm, s, r, n, KOLO_FLOAT32), "allgather");
 	expect("allgather", r, true, n * (size_t)size_, want_gatherv, &g);
+	float *hr = malloc(n * (size_t)size_ * sizeof(float));
+	ok(comm, kolo_allgather(comm, s, hr, n, KOLO_FLOAT32), "allgather device->host");
+	expect("allgather device->host", hr, false, n * (size_t)size_, want_gatherv, &g);
+	free(hr);
 	/* Uneven counts, one empty; host input, device output. */
 	size_t vc[16], tot = 0;
 	for (int q = 0; q < size_; q++)
-		tot += vc[q] = (size_t)(q == 1 ? 0 : 700 + 31 * q);
+		tot += vc[q] = (size_t)(q == 1 ? 0 : 20000 + 3001 * q);
 	float *hs = host_vals(rank_, vc[rank_], 0), *rv = dmalloc(tot * sizeof(float));
 	struct gather gv = {vc, 0};
 	ok(comm, kolo_allgatherv(comm, hs, vc[rank_], rv, vc, KOLO_FLOAT32), "allgatherv");
@@ -294,14 +299,24 @@ static double want_rs(size_t i, void *arg)
  * for this rank: q's values starting at (this rank's) offset in q's send. */
 static void test_rs_alltoall(kolo_comm_t *comm)
 {
-	size_t n = 10007;
-	float *s = dev_vals(rank_, n, 0);
+	/* Blocks over several 64 KiB chunks: the staged reducescatter runs in
+	 * rounds; device, host into device, device into host. */
+	size_t n = 100003;
+	float *s = dev_vals(rank_, n, 0), *hs = host_vals(rank_, n, 0);
 	size_t mine = kolo_reducescatter_count(n, size_, rank_), base = 0;
 	for (int q = 0; q < rank_; q++)
 		base += kolo_reducescatter_count(n, size_, q);
-	float *r = dmalloc(mine * sizeof(float));
+	float *r = dmalloc(mine * sizeof(float)), *hr = malloc(mine * sizeof(float));
 	ok(comm, kolo_reducescatter(comm, s, r, n, KOLO_FLOAT32, KOLO_SUM), "reducescatter");
 	expect("reducescatter", r, true, mine, want_rs, &base);
+	ok(comm, kolo_reducescatter(comm, hs, r, n, KOLO_FLOAT32, KOLO_SUM),
+	   "reducescatter host->device");
+	expect("reducescatter host->device", r, true, mine, want_rs, &base);
+	ok(comm, kolo_reducescatter(comm, s, hr, n, KOLO_FLOAT32, KOLO_SUM),
+	   "reducescatter device->host");
+	expect("reducescatter device->host", hr, false, mine, want_rs, &base);
+	free(hr);
+	free(hs);
 	cuda_free(r);
 	cuda_free(s);
 
