@@ -78,6 +78,8 @@ struct ncclComm {
 static _Thread_local char last_msg[256];
 static _Thread_local int group_depth;
 
+static ncclResult_t err(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 static ncclResult_t err(ncclResult_t r, const char *fmt, ...)
 {
 	va_list ap;
