@@ -20,27 +20,20 @@
 
 #include "kolo_fake.h"
 
-#define FNS(X)                                                                                       \
-	X(cudaMalloc)                                                                                \
-	X(cudaFree)                                                                                  \
-	X(cudaMemcpy)                                                                                \
-	X(cudaMemcpyAsync) X(cudaMemset) X(cudaMemsetAsync) X(cudaMallocHost) X(cudaFreeHost) X(     \
-	        cudaHostRegister) X(cudaHostUnregister) X(cudaMallocManaged)                         \
-	        X(cudaPointerGetAttributes) X(cudaStreamCreate) X(cudaStreamDestroy) X(              \
-	                cudaStreamSynchronize) X(cudaStreamQuery) X(cudaStreamWaitEvent)             \
-	                X(cudaEventCreate) X(cudaEventRecord) X(cudaEventQuery) X(                   \
-	                        cudaEventSynchronize) X(cudaEventDestroy) X(cudaEventElapsedTime)    \
-	                        X(cudaLaunchHostFunc) X(cudaSetDevice) X(cudaGetDeviceCount) X(      \
-	                                cudaGetDeviceProperties) X(cudaGetLastError)                 \
-	                                X(kolo_fake_cuda_shadow) X(kolo_fake_cuda_stats) X(          \
-	                                        ncclGetUniqueId) X(ncclCommInitRank)                 \
-	                                        X(ncclAllReduce) X(ncclReduceScatter) X(             \
-	                                                ncclAllGather) X(ncclBroadcast)              \
-	                                                X(ncclReduce) X(ncclRedOpCreatePreMulSum) X( \
-	                                                        ncclRedOpDestroy) X(ncclCommAbort)   \
-	                                                        X(ncclCommDestroy)                   \
-	                                                                X(ncclCommGetAsyncError)     \
-	                                                                        X(ncclGetVersion)
+/* clang-format off */
+#define FNS(X)                                                                                     \
+	X(cudaMalloc) X(cudaFree) X(cudaMemcpy) X(cudaMemcpyAsync) X(cudaMemset)                   \
+	X(cudaMemsetAsync) X(cudaMallocHost) X(cudaFreeHost) X(cudaHostRegister)                   \
+	X(cudaHostUnregister) X(cudaMallocManaged) X(cudaPointerGetAttributes) X(cudaStreamCreate) \
+	X(cudaStreamDestroy) X(cudaStreamSynchronize) X(cudaStreamQuery) X(cudaStreamWaitEvent)    \
+	X(cudaEventCreate) X(cudaEventRecord) X(cudaEventQuery) X(cudaEventSynchronize)            \
+	X(cudaEventDestroy) X(cudaEventElapsedTime) X(cudaLaunchHostFunc) X(cudaSetDevice)         \
+	X(cudaGetDeviceCount) X(cudaGetDeviceProperties) X(cudaGetLastError)                       \
+	X(kolo_fake_cuda_shadow) X(kolo_fake_cuda_stats) X(ncclGetUniqueId) X(ncclCommInitRank)    \
+	X(ncclAllReduce) X(ncclReduceScatter) X(ncclAllGather) X(ncclBroadcast) X(ncclReduce)      \
+	X(ncclRedOpCreatePreMulSum) X(ncclRedOpDestroy) X(ncclCommAbort) X(ncclCommDestroy)        \
+	X(ncclCommGetAsyncError) X(ncclGetVersion) X(ncclGetLastError)
+/* clang-format on */
 #define DECL(f) static __typeof__(&f) f##_p;
 FNS(DECL)
 #define F(f) (f##_p)
@@ -612,6 +605,7 @@ static int rank_abort(int rank, int n)
 	RCHECK(F(ncclCommGetAsyncError)(comm, &ae) == 0 && ae == ncclRemoteError, "async error %d",
 	       ae);
 	RCHECK(now_s() - t0 < 10, "took %.1f s (the timeout, not the abort)", now_s() - t0);
+	RCHECK(strstr(F(ncclGetLastError)(comm), "aborted"), "why: %s", F(ncclGetLastError)(comm));
 	F(ncclCommAbort)(comm);
 	return 0;
 }
@@ -656,6 +650,7 @@ static int rank_killed(int rank, int n)
 	RCHECK(F(ncclCommGetAsyncError)(comm, &ae) == 0 && ae == ncclRemoteError, "async error %d",
 	       ae);
 	RCHECK(now_s() - t0 < 10, "took %.1f s (the timeout, not the death)", now_s() - t0);
+	RCHECK(strstr(F(ncclGetLastError)(comm), "died"), "why: %s", F(ncclGetLastError)(comm));
 	/* Later collectives fail at once. */
 	RCHECK(F(ncclAllReduce)(d, d, 1, ncclFloat32, ncclSum, comm, s) == 0, "allreduce");
 	RCHECK(F(cudaStreamSynchronize)(s) == 0, "sync");

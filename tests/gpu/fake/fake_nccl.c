@@ -3,8 +3,8 @@
  * streams run the collectives, its shadows hold the data). Compiled against
  * the real nccl.h; exports only the NCCL names it defines.
  *
- * A comm is one segment named from the unique id (made by ncclGetUniqueId,
- * unlinked once every rank has mapped it): a header with a process-shared
+ * A comm is one segment named from the unique id (made by the first rank to
+ * come, unlinked once every rank has mapped it): a header with a process-shared
  * robust mutex and condition variable, then one slot per rank. Each chunk
  * of a collective: every rank copies its part into its slot, a generation
  * barrier, every rank computes its output from the slots, a second barrier
@@ -72,6 +72,7 @@ struct ncclComm {
 	pthread_mutex_t lock; /* refs and ops */
 	int refs;
 	atomic_int async_err;
+	char msg[256]; /* why async_err is set: written once, before it */
 	struct premul ops[MAX_OPS];
 };
 
@@ -145,32 +146,22 @@ static bool before(const struct timespec *a, const struct timespec *b)
 	return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
 }
 
-/* One slice of waiting on the segment's condition (h->mu held): the
- * segment's state as a result once it is not OK_STATE. */
+/* One slice of waiting on the segment's condition (h->mu held), called
+ * while the caller's condition is false: an error once the segment is
+ * aborted, a peer is dead or the deadline has passed, otherwise success
+ * after a wake-up, for the caller to look at its condition again (first: a
+ * peer that completed the barrier and exited is no failure). */
 static ncclResult_t shm_wait(struct ncclComm *c, const struct timespec *deadline)
 {
 	struct hdr *h = c->h;
 	struct timespec until = deadline_in(0);
 	if (h->state == OK_STATE && !before(&until, deadline))
 		set_state(h, TIMED_OUT);
-	if (h->state == OK_STATE) {
-		until.tv_nsec += SLICE_NS;
-		if (until.tv_nsec >= 1000000000L) {
-			until.tv_sec++;
-			until.tv_nsec -= 1000000000L;
-		}
-		if (before(deadline, &until))
-			until = *deadline;
-		if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == EOWNERDEAD) {
-			pthread_mutex_consistent(&h->mu);
-			set_state(h, PEER_DIED);
-		}
-		if (peer_dead(c))
-			set_state(h, PEER_DIED);
-	}
+	if (h->state == OK_STATE && peer_dead(c))
+		set_state(h, PEER_DIED);
 	switch (h->state) {
 	case OK_STATE:
-		return ncclSuccess;
+		break;
 	case TIMED_OUT:
 		return err(ncclSystemError, "a peer did not answer within %d ms", c->timeout_ms);
 	case ABORTED:
@@ -178,6 +169,18 @@ static ncclResult_t shm_wait(struct ncclComm *c, const struct timespec *deadline
 	default:
 		return err(ncclRemoteError, "a peer process died");
 	}
+	until.tv_nsec += SLICE_NS;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	if (before(deadline, &until))
+		until = *deadline;
+	if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == EOWNERDEAD) {
+		pthread_mutex_consistent(&h->mu);
+		set_state(h, PEER_DIED);
+	}
+	return ncclSuccess;
 }
 
 static ncclResult_t barrier(struct ncclComm *c)
@@ -187,7 +190,7 @@ static ncclResult_t barrier(struct ncclComm *c)
 	ncclResult_t r = ncclSuccess;
 	shm_lock(h);
 	if (h->state != OK_STATE) {
-		r = shm_wait(c, &deadline);
+		r = shm_wait(c, &deadline); /* the error */
 	} else if (++h->bar_count == (uint64_t)c->nranks) {
 		h->bar_count = 0;
 		h->bar_gen++;
@@ -518,15 +521,24 @@ static void comm_unref(struct ncclComm *c)
 	free(c);
 }
 
+static void fail_comm(struct ncclComm *c, ncclResult_t r, const char *why)
+{
+	pthread_mutex_lock(&c->lock);
+	if (atomic_load(&c->async_err) == ncclSuccess) {
+		snprintf(c->msg, sizeof(c->msg), "%s", why);
+		atomic_store(&c->async_err, (int)r);
+	}
+	pthread_mutex_unlock(&c->lock);
+}
+
 static void run_coll(void *arg)
 {
 	struct coll *k = arg;
 	struct ncclComm *c = k->c;
 	if (atomic_load(&c->async_err) == ncclSuccess) {
 		ncclResult_t r = execute(k);
-		int ok = ncclSuccess;
 		if (r != ncclSuccess)
-			atomic_compare_exchange_strong(&c->async_err, &ok, (int)r);
+			fail_comm(c, r, last_msg);
 	}
 	comm_unref(c);
 	free(k);
@@ -555,37 +567,65 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 	memset(id, 0, sizeof(*id));
 	memcpy(id->internal, MAGIC, sizeof(MAGIC));
 	char *name = id->internal + sizeof(MAGIC);
-	int len = snprintf(name, 64, "/%s-", MAGIC);
+	int len = snprintf(name, 64, "/%s-", MAGIC); /* a file of /dev/shm once used */
 	for (int i = 0; i < 16; i++)
 		len += snprintf(name + len, 64 - (size_t)len, "%02x", rnd[i]);
-	/* Made here, so every rank finds it initialised whenever it comes. */
-	int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-	if (fd < 0)
-		return err(ncclSystemError, "shm_open %s: %s", name, strerror(errno));
-	struct hdr *h = MAP_FAILED;
-	const char *v = getenv("KOLO_FAKE_NCCL_SLOT_BYTES");
-	size_t slot = v && atol(v) >= 64 ? (size_t)atol(v) / 64 * 64 : (size_t)1 << 20;
-	if (ftruncate(fd, (off_t)(HDR_BYTES + MAX_RANKS * slot)) == 0)
-		h = mmap(NULL, HDR_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
-	if (h == MAP_FAILED) {
-		shm_unlink(name);
-		return err(ncclSystemError, "shared memory for %s: %s", name, strerror(errno));
-	}
-	pthread_mutexattr_t ma;
-	pthread_mutexattr_init(&ma);
-	pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
-	pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
-	pthread_mutex_init(&h->mu, &ma);
-	pthread_mutexattr_destroy(&ma);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&h->cv, &ca);
-	pthread_condattr_destroy(&ca);
-	munmap(h, HDR_BYTES);
 	return ncclSuccess;
+}
+
+/* The comm's segment, made by the first rank to come: each newcomer that
+ * finds none initialises one under a name of its own and links it to the
+ * id's name, so a rank sees the segment only once it is initialised, and
+ * every loser of the race opens the winner's. Nothing exists for an id no
+ * rank has used. */
+static void *open_segment(const char *name, size_t *bytes)
+{
+	char path[128], tmp[160];
+	snprintf(path, sizeof(path), "/dev/shm%s", name);
+	snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid());
+	for (int attempt = 0; attempt < 2; attempt++) {
+		struct stat st;
+		void *m = MAP_FAILED;
+		int fd = open(path, O_RDWR | O_CLOEXEC);
+		if (fd >= 0) {
+			if (fstat(fd, &st) == 0 && (size_t)st.st_size > HDR_BYTES) {
+				*bytes = (size_t)st.st_size;
+				m = mmap(NULL, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+			}
+			close(fd);
+			return m;
+		}
+		if (errno != ENOENT ||
+		    (fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600)) < 0)
+			return MAP_FAILED;
+		const char *v = getenv("KOLO_FAKE_NCCL_SLOT_BYTES");
+		size_t slot = v && atol(v) >= 64 ? (size_t)atol(v) / 64 * 64 : (size_t)1 << 20;
+		*bytes = HDR_BYTES + MAX_RANKS * slot;
+		if (ftruncate(fd, (off_t)*bytes) == 0)
+			m = mmap(NULL, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		close(fd);
+		if (m != MAP_FAILED) {
+			struct hdr *h = m;
+			pthread_mutexattr_t ma;
+			pthread_mutexattr_init(&ma);
+			pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+			pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+			pthread_mutex_init(&h->mu, &ma);
+			pthread_mutexattr_destroy(&ma);
+			pthread_condattr_t ca;
+			pthread_condattr_init(&ca);
+			pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED);
+			pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+			pthread_cond_init(&h->cv, &ca);
+			pthread_condattr_destroy(&ca);
+		}
+		int linked = m != MAP_FAILED ? link(tmp, path) : -1, why = errno;
+		unlink(tmp);
+		if (linked == 0 || m == MAP_FAILED || why != EEXIST)
+			return linked == 0 ? m : MAP_FAILED;
+		munmap(m, *bytes); /* another rank was first */
+	}
+	return MAP_FAILED;
 }
 
 /* Every rank arrives (or the deadline passes), then each checks that no two
@@ -614,8 +654,6 @@ static ncclResult_t join(struct ncclComm *c, const unsigned char uuid[16])
 	pthread_cond_broadcast(&h->cv);
 	while (h->arrived < c->nranks && r == ncclSuccess)
 		r = shm_wait(c, &deadline);
-	if (h->arrived == c->nranks) /* a rank may abort as soon as all have come */
-		r = ncclSuccess;
 	int arrived = h->arrived;
 	for (int i = 0; i < c->nranks && r == ncclSuccess; i++) {
 		c->pid[i] = h->rank[i].pid;
@@ -663,25 +701,19 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
 		return err(ncclUnhandledCudaError, "no current CUDA device");
 	}
 	id_name(&id, name, sizeof(name));
-	int fd = shm_open(name, O_RDWR, 0);
-	struct stat st;
-	void *m = MAP_FAILED;
-	if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size > HDR_BYTES) {
-		c->map_bytes = (size_t)st.st_size;
-		c->slot = (c->map_bytes - HDR_BYTES) / MAX_RANKS;
-		m = mmap(NULL, c->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	}
-	if (fd >= 0)
-		close(fd);
+	void *m = open_segment(name, &c->map_bytes);
 	if (m == MAP_FAILED) {
+		int why = errno;
 		pthread_mutex_destroy(&c->lock);
 		free(c);
-		return err(ncclSystemError, "%s: %s (every rank has joined already, or no such id)",
-		           name, strerror(errno));
+		return err(ncclSystemError, "shared memory /dev/shm%s: %s", name, strerror(why));
 	}
+	c->slot = (c->map_bytes - HDR_BYTES) / MAX_RANKS;
 	c->h = m;
 	ncclResult_t r = join(c, (const unsigned char *)prop.uuid.bytes);
-	shm_unlink(name); /* every rank has it mapped, or the comm failed */
+	char path[128];
+	snprintf(path, sizeof(path), "/dev/shm%s", name);
+	unlink(path); /* every rank has it mapped, or the comm failed */
 	if (r != ncclSuccess) {
 		char msg[sizeof(last_msg)];
 		memcpy(msg, last_msg, sizeof(msg));
@@ -722,7 +754,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 	shm_lock(comm->h);
 	set_state(comm->h, ABORTED);
 	pthread_mutex_unlock(&comm->h->mu);
-	atomic_store(&comm->async_err, ncclRemoteError);
+	fail_comm(comm, ncclRemoteError, "the communicator was aborted");
 	comm_unref(comm);
 	return ncclSuccess;
 }
@@ -783,10 +815,10 @@ const char *ncclGetErrorString(ncclResult_t r)
 	}
 }
 
+/* The comm's async error, or this thread's last failed call. */
 const char *ncclGetLastError(ncclComm_t comm)
 {
-	(void)comm;
-	return last_msg;
+	return comm && atomic_load(&comm->async_err) != ncclSuccess ? comm->msg : last_msg;
 }
 
 /* Each rank queues the same calls in the same order, so a group needs
