@@ -38,11 +38,13 @@ struct dev_ctx {
 	/* A failed run could not wait for its copies: they may still write the
 	 * staging buffers, so the context is retired (staged() below). */
 	bool lost;
+	struct dev_ctx *next_retired;
 };
 
 struct kolo_device_state {
 	pthread_mutex_t lock; /* one device collective at a time per comm */
 	struct dev_ctx *dev[KOLO_CUDA_MAX_GPUS];
+	struct dev_ctx *retired; /* lost contexts, freed with the state */
 };
 
 static _Thread_local void *user_stream;
@@ -80,6 +82,20 @@ void kolo_device_state_destroy(struct kolo_device_state *d)
 		return;
 	for (int i = 0; i < KOLO_CUDA_MAX_GPUS; i++)
 		ctx_destroy(d->dev[i]);
+	/* A retired context is freed whole once its streams have drained (a
+	 * short bounded wait); otherwise only its host bookkeeping is, and its
+	 * CUDA resources stay with the copies that may still use them. */
+	while (d->retired) {
+		struct dev_ctx *x = d->retired;
+		d->retired = x->next_retired;
+		if (kolo_gpu_stream_sync(x->in, 1000, NULL) == KOLO_OK &&
+		    kolo_gpu_stream_sync(x->out, 1000, NULL) == KOLO_OK) {
+			ctx_destroy(x);
+		} else {
+			free(x->ev);
+			free(x);
+		}
+	}
 	pthread_mutex_destroy(&d->lock);
 	free(d);
 }
@@ -300,6 +316,8 @@ static kolo_status_t rounds(struct run *r, const struct kolo_dcoll *c, bool sdev
                             struct kolo_errbuf *eb)
 {
 	int size = r->comm->assignment.size, rank = r->comm->assignment.rank;
+	if (size < 1 || rank < 0 || rank >= size)
+		return kolo_fail(eb, KOLO_EINVAL, "rank %d of %d", rank, size);
 	bool gather = c->kind == KOLO_DC_ALLGATHERV;
 	size_t esz = kolo_dtype_size(c->dtype), ce = chunk_bytes(esz) / esz, R = 0;
 	size_t total = sum(c->counts, size), mine = c->counts[rank];
@@ -535,14 +553,18 @@ static kolo_status_t staged(struct kolo_comm *comm, struct kolo_ring_comm *rc,
 			st = whole(&r, c, sdev, rdev, eb);
 	}
 	if (r.x && r.x->lost) {
-		/* Its streams still hold copies into its staging buffers: leaked
-		 * (freeing them under the copies would be worse), and the next
-		 * collective on this device starts afresh. */
+		/* Its streams still hold copies into its staging buffers: retired
+		 * (freeing them under the copies would be worse; the state frees
+		 * them at the end), and the next collective on this device starts
+		 * afresh. */
 		KOLO_WARN(SUBSYS,
 		          "device %d: kolo's streams did not drain after a failure; their "
 		          "buffers are abandoned",
 		          r.x->ordinal);
-		d_of(comm)->dev[r.x->ordinal] = NULL;
+		struct kolo_device_state *d = d_of(comm);
+		d->dev[r.x->ordinal] = NULL;
+		r.x->next_retired = d->retired;
+		d->retired = r.x;
 	}
 	run_end(&r);
 	return st;
