@@ -5,9 +5,12 @@ against torch, so a torch upgrade cannot break it. This module mirrors the C
 API with exceptions; ``kolo.torch`` is Horovod's ``horovod.torch`` API and
 ``kolo.torch.distributed`` the ``torch.distributed`` backend.
 
-Buffers are numpy arrays or CPU torch tensors, passed by pointer (no copy)
-when contiguous. Asynchronous operations return a :class:`Handle`; waiting on
-it releases the GIL. Python code never runs on kolo's threads.
+Buffers are numpy arrays, torch tensors (CPU or CUDA) and objects with
+``__cuda_array_interface__`` (CuPy, Numba), passed by pointer (no copy) when
+contiguous; kolo's work on a CUDA buffer is ordered after the work the
+current CUDA stream had queued when the operation was issued.
+Asynchronous operations return a :class:`Handle`; waiting on it releases
+the GIL. Python code never runs on kolo's threads.
 """
 
 from __future__ import annotations
@@ -101,18 +104,25 @@ SUPPORTED = ", ".join(list(DTYPES) + ["bool (not for sum, average or product)"])
 
 
 class Buffer:
-    """A contiguous host buffer: pointer, element count and kolo dtype, with
-    a reference to the object that owns the memory."""
+    """A contiguous buffer: pointer, element count and kolo dtype, with a
+    reference to the object that owns the memory. ``device`` is None for
+    host memory; for CUDA memory it is the device's ordinal (-1 where the
+    object does not say, as ``__cuda_array_interface__`` does not) and
+    ``stream`` the cudaStream_t (an int; 0 is the legacy default stream)
+    kolo's work on it is ordered after."""
 
-    __slots__ = ("ptr", "count", "dtype", "dtype_name", "nbytes", "owner")
+    __slots__ = ("ptr", "count", "dtype", "dtype_name", "nbytes", "owner", "device", "stream")
 
-    def __init__(self, ptr: int, count: int, dtype_name: str, owner: Any):
+    def __init__(self, ptr: int, count: int, dtype_name: str, owner: Any,
+                 device: Optional[int] = None, stream: Optional[int] = None):
         self.ptr = ptr
         self.count = count
         self.dtype_name = dtype_name
         self.dtype = DTYPES["uint8" if dtype_name == "bool" else dtype_name]
         self.nbytes = count * itemsize(dtype_name)
         self.owner = owner
+        self.device = device
+        self.stream = stream
 
 
 def itemsize(dtype_name: str) -> int:
@@ -124,16 +134,86 @@ def is_torch_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr")
 
 
+# __cuda_array_interface__ typestr -> kolo dtype (no bfloat16: the interface
+# has no name for it).
+_CAI_DTYPES = {
+    "|i1": "int8", "<i1": "int8", "|u1": "uint8", "<u1": "uint8", "<i4": "int32",
+    "<i8": "int64", "<f2": "float16", "<f4": "float32", "<f8": "float64", "|b1": "bool",
+}
+
+
+def cuda_supported() -> bool:
+    """Whether the loaded libkolo takes CUDA device memory (it has the CUDA
+    data path: ``kolo_cuda_set_stream``). Where no GPU can run, such a
+    library still refuses device pointers when an operation is issued."""
+    return _lib.has("kolo_cuda_set_stream")
+
+
+def _require_cuda(name: str, where: Any) -> None:
+    if not cuda_supported():
+        raise TypeError(f"kolo: {name} is on {where}; this libkolo ({_lib.path()}) takes host "
+                        f"memory only (it has no CUDA data path: no kolo_cuda_set_stream); "
+                        f"move it with .cpu() or use a newer libkolo")
+
+
+def _torch_stream(t: Any) -> int:
+    """The cudaStream_t of torch's current stream on ``t``'s device, as an
+    int (a module function so that tests without CUDA can stand in)."""
+    import torch
+
+    return int(torch.cuda.current_stream(t.device).cuda_stream)
+
+
+def _cai_buffer(obj: Any, name: str) -> tuple:
+    """(pointer, count, dtype, stream) of an object with
+    ``__cuda_array_interface__`` (version 2 or 3)."""
+    cai = obj.__cuda_array_interface__
+    dt = _CAI_DTYPES.get(cai.get("typestr"))
+    if dt is None:
+        raise TypeError(f"kolo: {name} has typestr {cai.get('typestr')!r}, which kolo does not "
+                        f"support (supported: {SUPPORTED}; bfloat16 only as a torch tensor)")
+    shape = tuple(int(x) for x in cai.get("shape", ()))
+    count = 1
+    for x in shape:
+        count *= x
+    strides = cai.get("strides")
+    if strides is not None and count > 1:
+        want, step = [], itemsize(dt)
+        for x in reversed(shape):
+            want.append(step)
+            step *= x
+        if tuple(int(x) for x, n in zip(strides, shape) if n > 1) != tuple(
+                w for w, n in zip(reversed(want), shape) if n > 1):
+            raise ValueError(f"kolo: {name} is not C-contiguous (shape {shape}, strides "
+                             f"{tuple(strides)}); pass a contiguous copy")
+    ptr, readonly = cai["data"]
+    if readonly:
+        raise ValueError(f"kolo: {name} is read-only")
+    # Version 3: None (no ordering needed) and 1 both mean the legacy default
+    # stream, kolo's NULL; 2 is cudaStreamPerThread, passed as it is.
+    stream = cai.get("stream")
+    stream = 0 if stream in (None, 1) else int(stream)
+    return int(ptr or 0), count, dt, stream
+
+
 def buffer(obj: Any, name: str = "tensor", reduce: Optional[str] = None) -> Buffer:
-    """A :class:`Buffer` over a numpy array or a CPU torch tensor, without a
-    copy. ``reduce`` names the op for reductions (bool is refused for sum,
-    average and product). Raises TypeError/ValueError naming ``name``."""
+    """A :class:`Buffer` over a numpy array, a torch tensor (CPU or CUDA) or
+    an object with ``__cuda_array_interface__``, without a copy. ``reduce``
+    names the op for reductions (bool is refused for sum, average and
+    product). A CUDA buffer records the current stream of its device (torch's
+    ``torch.cuda.current_stream(device)``; the interface's ``stream``).
+    Raises TypeError/ValueError naming ``name``."""
+    device = stream = None
     if is_torch_tensor(obj):
         t = obj
         if t.device.type != "cpu":
-            raise TypeError(
-                f"kolo: {name} is on {t.device}; this build of kolo takes CPU tensors "
-                f"only (move it with .cpu())")
+            if t.device.type != "cuda":
+                raise TypeError(
+                    f"kolo: {name} is on {t.device}; kolo takes CPU and CUDA tensors (move "
+                    f"it with .cpu())")
+            _require_cuda(name, t.device)
+            device = t.device.index if t.device.index is not None else -1
+            stream = _torch_stream(t)
         if str(t.layout) != "torch.strided":
             raise TypeError(f"kolo: {name} is a {t.layout} tensor; kolo takes dense tensors")
         dt = _TORCH_DTYPES.get(str(t.dtype))
@@ -144,6 +224,10 @@ def buffer(obj: Any, name: str = "tensor", reduce: Optional[str] = None) -> Buff
             raise ValueError(f"kolo: {name} is not contiguous (shape {tuple(t.shape)}, stride "
                              f"{t.stride()}); pass tensor.contiguous()")
         ptr, count = t.data_ptr(), t.numel()
+    elif hasattr(obj, "__cuda_array_interface__"):
+        _require_cuda(name, "a CUDA device")
+        ptr, count, dt, stream = _cai_buffer(obj, name)
+        device = -1
     elif hasattr(obj, "__array_interface__") and hasattr(obj, "flags"):
         a = obj
         dt = _NUMPY_DTYPES.get(str(a.dtype))
@@ -156,12 +240,12 @@ def buffer(obj: Any, name: str = "tensor", reduce: Optional[str] = None) -> Buff
             raise ValueError(f"kolo: {name} is read-only")
         ptr, count = a.__array_interface__["data"][0], a.size
     else:
-        raise TypeError(f"kolo: {name} is a {type(obj).__name__}; kolo takes numpy arrays "
-                        f"and torch tensors")
+        raise TypeError(f"kolo: {name} is a {type(obj).__name__}; kolo takes numpy arrays, "
+                        f"torch tensors and objects with __cuda_array_interface__")
     if dt == "bool" and reduce in ("sum", "average", "product"):
         raise TypeError(f"kolo: {name} is boolean; {reduce} is not defined for it (use min "
                         f"or max, or convert it)")
-    return Buffer(ptr, count, dt, obj)
+    return Buffer(ptr, count, dt, obj, device, stream)
 
 
 def op_code(op: Any) -> int:
@@ -498,12 +582,39 @@ def reset_names() -> None:
             c.names.clear()
 
 
+def _stream(*bufs: Buffer) -> Optional[int]:
+    """The CUDA stream of the first device buffer among ``bufs``; None when
+    every one is host memory."""
+    for b in bufs:
+        if b.stream is not None:
+            return b.stream
+    return None
+
+
+def _on_stream(stream: Optional[int], fn: Callable, *args) -> int:
+    """``fn(*args)`` with this thread's kolo CUDA stream set to ``stream``
+    (restored after), so that kolo orders the operation after the work that
+    stream holds; a plain call for host buffers (stream None)."""
+    if stream is None:
+        return fn(*args)
+    lib = _lib_()
+    prev = lib.kolo_cuda_get_stream()
+    st = lib.kolo_cuda_set_stream(stream or None)
+    if st != 0:
+        raise _error(st, f"kolo_cuda_set_stream({stream:#x}): the CUDA runtime cannot run here")
+    try:
+        return fn(*args)
+    finally:
+        lib.kolo_cuda_set_stream(prev)
+
+
 def _enqueue(fn: str, what: str, args: list, refs: tuple,
-             finish: Optional[Callable[[], Any]] = None) -> Handle:
+             finish: Optional[Callable[[], Any]] = None,
+             stream: Optional[int] = None) -> Handle:
     _orphans_reap()
     c = _get()
     h = _lib.c_handle_p()
-    st = getattr(_lib_(), fn)(c.ptr, *args, None, None, ctypes.byref(h))
+    st = _on_stream(stream, getattr(_lib_(), fn), c.ptr, *args, None, None, ctypes.byref(h))
     c.check(st, what)
     return Handle(h.value, refs, finish, what)
 
@@ -535,7 +646,7 @@ def allreduce_async(send: Any, recv: Any = None, name: Optional[str] = None, op:
     args = [nm, s.ptr, r.ptr, s.count, s.dtype, code, pre, post]
     result = recv if recv is not None else send
     return _enqueue("kolo_allreduce_async", f"allreduce {nm.decode()}", args, (s, r),
-                    lambda: result)
+                    lambda: result, _stream(s, r))
 
 
 def grouped_allreduce_async(sends: Sequence[Any], recvs: Optional[Sequence[Any]] = None,
@@ -566,21 +677,51 @@ def grouped_allreduce_async(sends: Sequence[Any], recvs: Optional[Sequence[Any]]
     _orphans_reap()
     c = _get()
     h = _lib.c_handle_p()
-    st = _lib_().kolo_grouped_allreduce_async(
-        c.ptr, n, c_names, c_send, c_recv, c_counts, ss[0].dtype, code, pre, post, None, None,
-        ctypes.byref(h))
+    st = _on_stream(_stream(*ss, *rs), _lib_().kolo_grouped_allreduce_async,
+                    c.ptr, n, c_names, c_send, c_recv, c_counts, ss[0].dtype, code, pre, post,
+                    None, None, ctypes.byref(h))
     c.check(st, f"grouped allreduce {base}")
     return Handle(h.value, (ss, rs, c_names, c_send, c_recv, c_counts), lambda: result,
                   f"grouped allreduce {base}")
 
 
-def _gathered(recv_ptr: ctypes.c_void_p, counts, itemsz: int,
-              alloc: Callable[[int], Any]) -> tuple:
-    total = sum(counts)
-    out = alloc(total)
+def _cuda_copy(dst: Buffer, src: int, nbytes: int) -> None:
+    """Copies nbytes from src to dst, either or both CUDA memory, with
+    cudaMemcpyAsync on dst's stream (the legacy default stream for a host
+    dst) and waits for it: src is freed next. On dst's device when it is
+    known (the stream belongs to it)."""
+    rt = _lib.cudart()
+    stream = dst.stream or None
+    prev = ctypes.c_int(-1)
+    switch = dst.device is not None and dst.device >= 0
+    if switch and rt.cudaGetDevice(ctypes.byref(prev)) == 0:
+        rt.cudaSetDevice(dst.device)
     try:
+        rc = rt.cudaMemcpyAsync(dst.ptr, src, nbytes, _lib.CUDA_MEMCPY_DEFAULT, stream)
+        if rc == 0:
+            rc = rt.cudaStreamSynchronize(stream)
+    finally:
+        if switch and prev.value >= 0:
+            rt.cudaSetDevice(prev.value)
+    if rc != 0:
+        raise RuntimeError(f"kolo: copying {nbytes} bytes into the output: CUDA error {rc}: "
+                           f"{_lib.text(rt.cudaGetErrorString(rc))}")
+
+
+def _gathered(recv_ptr: ctypes.c_void_p, counts, itemsz: int, alloc: Callable[[int], Any],
+              on_device: bool = False) -> tuple:
+    """The result of an allgather/alltoall: ``alloc(total)`` filled from the
+    buffer kolo allocated (on the device when the input was, ``on_device``),
+    which is then freed."""
+    total = sum(counts)
+    try:
+        out = alloc(total)
         if total:
-            ctypes.memmove(buffer(out, "output").ptr, recv_ptr.value, total * itemsz)
+            ob = buffer(out, "output")
+            if on_device or ob.device is not None:
+                _cuda_copy(ob, recv_ptr.value, total * itemsz)
+            else:
+                ctypes.memmove(ob.ptr, recv_ptr.value, total * itemsz)
     finally:
         _lib_().kolo_free(recv_ptr.value)
     return out, list(counts)
@@ -596,9 +737,11 @@ def allgather_async(send: Any, alloc: Callable[[int], Any], name: Optional[str] 
     recv = ctypes.c_void_p()
     nm = op_name("allgather", name)
     isz = itemsize(s.dtype_name)
+    dev = s.device is not None
     return _enqueue("kolo_allgather_async", f"allgather {nm.decode()}",
                     [nm, s.ptr, s.count, s.dtype, ctypes.byref(recv), counts],
-                    (s, counts, recv), lambda: _gathered(recv, counts, isz, alloc))
+                    (s, counts, recv), lambda: _gathered(recv, counts, isz, alloc, dev),
+                    s.stream)
 
 
 def broadcast_async(buf: Any, root: int, name: Optional[str] = None) -> Handle:
@@ -609,7 +752,7 @@ def broadcast_async(buf: Any, root: int, name: Optional[str] = None) -> Handle:
         raise ValueError(f"kolo: broadcast root {root!r} is not a rank of this job (size {n})")
     nm = op_name("broadcast", name)
     return _enqueue("kolo_broadcast_async", f"broadcast {nm.decode()}",
-                    [nm, b.ptr, b.count, b.dtype, root], (b,), lambda: buf)
+                    [nm, b.ptr, b.count, b.dtype, root], (b,), lambda: buf, b.stream)
 
 
 def alltoall_async(send: Any, alloc: Callable[[int], Any],
@@ -632,9 +775,11 @@ def alltoall_async(send: Any, alloc: Callable[[int], Any],
     recv = ctypes.c_void_p()
     nm = op_name("alltoall", name)
     isz = itemsize(s.dtype_name)
+    dev = s.device is not None
     return _enqueue("kolo_alltoall_async", f"alltoall {nm.decode()}",
                     [nm, s.ptr, s.count, c_splits, s.dtype, ctypes.byref(recv), counts],
-                    (s, counts, recv, c_splits), lambda: _gathered(recv, counts, isz, alloc))
+                    (s, counts, recv, c_splits),
+                    lambda: _gathered(recv, counts, isz, alloc, dev), s.stream)
 
 
 def reducescatter_count(count: int, n: int, r: int) -> int:
@@ -656,7 +801,7 @@ def reducescatter_async(send: Any, recv: Any, name: Optional[str] = None, op: An
     nm = op_name("reducescatter", name)
     return _enqueue("kolo_reducescatter_async", f"reducescatter {nm.decode()}",
                     [nm, s.ptr, r.ptr, s.count, s.dtype, code, pre, post], (s, r),
-                    lambda: recv)
+                    lambda: recv, _stream(s, r))
 
 
 def barrier_async() -> Handle:
@@ -760,5 +905,5 @@ __all__ = [
     "grouped_allreduce_async", "allgather_async", "broadcast_async", "alltoall_async",
     "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
     "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",
-    "elastic_leave", "bootstrap_connect", "adopt", "buffer", "status_name",
+    "elastic_leave", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
 ]

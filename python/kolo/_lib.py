@@ -117,6 +117,8 @@ PROTOTYPES = {
         [c_comm_p, c_void_p, P(c_size_t), c_void_p, P(c_size_t), c_dtype],
     ),
     "kolo_barrier": (c_status, [c_comm_p]),
+    "kolo_cuda_set_stream": (c_status, [c_void_p]),
+    "kolo_cuda_get_stream": (c_void_p, []),
     # async.h
     "kolo_allreduce_async": (
         c_status,
@@ -177,9 +179,16 @@ PROTOTYPES = {
     "kolo_bootstrap_destroy": (None, [c_bootstrap_p]),
 }
 
+# Functions of PROTOTYPES a libkolo may lack (they came with the CUDA data
+# path, docs/gpu.md): an older library still loads, and kolo then takes host
+# buffers only (has() says). test_abi.py checks them against the headers
+# like the others, and lets a header without them pass.
+OPTIONAL = frozenset({"kolo_cuda_set_stream", "kolo_cuda_get_stream"})
+
 _lock = threading.Lock()
 _lib = None
 _path = None
+_has: set = set()
 
 
 def candidates() -> list[str]:
@@ -231,11 +240,65 @@ def library():
             try:
                 fn = getattr(lib, name)
             except AttributeError as e:
+                if name in OPTIONAL:
+                    continue
                 raise ImportError(f"kolo: {_path} has no {name}: an older libkolo?") from e
             fn.restype = restype
             fn.argtypes = argtypes
+            _has.add(name)
         _lib = lib
         return lib
+
+
+def has(name: str) -> bool:
+    """Whether the loaded libkolo exports ``name`` (one of :data:`OPTIONAL`;
+    every other prototype is there once it has loaded)."""
+    library()
+    return name in _has
+
+
+# ---- the CUDA runtime, for copies into outputs on the device ------------------
+
+# cudaMemcpyKind cudaMemcpyDefault: the direction from the pointers.
+CUDA_MEMCPY_DEFAULT = 4
+CUDART_NAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
+_cudart = None
+
+
+def cudart():
+    """The CUDA runtime libkolo uses (the loader finds the one already in the
+    process by its soname, so both share one), with the few functions the
+    package calls declared. Only asked for once a device buffer exists, so
+    libkolo has loaded it. Raises OSError when none loads."""
+    global _cudart
+    if _cudart is not None:
+        return _cudart
+    with _lock:
+        if _cudart is not None:
+            return _cudart
+        errors = []
+        for name in CUDART_NAMES:
+            try:
+                rt = ctypes.CDLL(name)
+                break
+            except OSError as e:
+                errors.append(str(e))
+        else:
+            raise OSError("kolo: cannot load the CUDA runtime: " + "; ".join(errors))
+        decl = {
+            "cudaMemcpyAsync": [c_void_p, c_void_p, c_size_t, c_int, c_void_p],
+            "cudaStreamSynchronize": [c_void_p],
+            "cudaGetDevice": [POINTER(c_int)],
+            "cudaSetDevice": [c_int],
+        }
+        for name, argtypes in decl.items():
+            fn = getattr(rt, name)
+            fn.restype = c_int
+            fn.argtypes = argtypes
+        rt.cudaGetErrorString.restype = c_char_p
+        rt.cudaGetErrorString.argtypes = [c_int]
+        _cudart = rt
+        return rt
 
 
 def path() -> str | None:

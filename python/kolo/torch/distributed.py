@@ -29,10 +29,15 @@ Every operation is issued to kolo's fusion engine under the name
 ``c10d.<group>.<sequence>.<kind>`` (c10d requires the same order on every
 rank, so the sequence number names an operation consistently) and completed
 by one thread per group that waits on kolo's handles in issue order and
-completes a torch future. Tensors must be dense, contiguous CPU tensors of a
-dtype kolo knows (:func:`kolo.buffer` checks; complex tensors travel as their
-real view). Reductions: SUM, AVG, MIN, MAX, PRODUCT (BAND, BOR, BXOR and
-PREMUL_SUM raise ValueError).
+completes a torch future. Tensors must be dense, contiguous CPU or CUDA
+tensors of a dtype kolo knows (:func:`kolo.buffer` checks; complex tensors
+travel as their real view); CUDA tensors need a libkolo with the device data
+path (:func:`kolo.cuda_supported`), and then DDP with ``device_ids`` runs on
+kolo as it does on nccl: kolo orders its work after torch's current stream
+at the call, and the futures of operations on CUDA tensors are CUDA-aware
+(``torch.futures.Future(devices=...)``), so DDP's reducer may chain them.
+Reductions: SUM, AVG, MIN, MAX, PRODUCT (BAND, BOR, BXOR and PREMUL_SUM
+raise ValueError).
 
 Supported from Python (``dist.*``): all_reduce, all_reduce_coalesced,
 broadcast, all_gather, all_gather_into_tensor / _all_gather_base,
@@ -207,6 +212,21 @@ class _Failure:
         self.exc = exc
 
 
+def _cuda_devices(outputs: Any) -> list:
+    """The CUDA devices of the tensors in ``outputs`` (a tensor, or lists of
+    them, nested), in order of appearance, each once; [] for CPU tensors."""
+    found: list = []
+    stack = [outputs]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "cuda" and x.device not in found:
+                found.append(x.device)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(reversed(x))
+    return found
+
+
 def _unwrap(fut: torch.futures.Future) -> Any:
     v = fut.value()
     if isinstance(v, _Failure):
@@ -226,7 +246,11 @@ class _Op:
         self.handles = handles
         self.outputs = outputs
         self.finish = finish
-        self.inner = torch.futures.Future()
+        devices = _cuda_devices(outputs)
+        # A future that carries CUDA tensors must know their devices (torch
+        # refuses the result otherwise) and records an event on each when
+        # completed; kolo's results are already visible to every stream then.
+        self.inner = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
         # A failure must reach C++ consumers (DDP's reducer) as a real error of
         # the future: a callback that raises gives the chained future one.
         self.future = self.inner.then(_unwrap)
@@ -447,7 +471,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         def alloc(total: int) -> torch.Tensor:
             if out is not None and total == want:
                 return out
-            return torch.empty(total, dtype=t.dtype)
+            return torch.empty(total, dtype=t.dtype, device=t.device)
 
         return [kolo.allgather_async(t, alloc, name=name)]
 
@@ -555,7 +579,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         def alloc(n: int) -> torch.Tensor:
             if out is not None and n == total:
                 return out
-            return torch.empty(n, dtype=send.dtype)
+            return torch.empty(n, dtype=send.dtype, device=send.device)
 
         def launch(name: str) -> list:
             return [kolo.alltoall_async(send, alloc, splits=splits, name=name)]
@@ -682,7 +706,10 @@ class ProcessGroupKolo(dist.ProcessGroup):
             send = torch.cat([_real(x).reshape(-1) for x in ins])
             splits = [m] * n
         else:
-            send = torch.empty(0, dtype=out.dtype)
+            # Empty, but with a real device address when on the GPU: every rank
+            # passes the same kind of memory, and a NULL pointer reads as host.
+            send = (torch.empty(1, dtype=out.dtype, device=out.device)[:0] if out.is_cuda
+                    else torch.empty(0, dtype=out.dtype))
             splits = [0] * n
         recv = [m if r == root else 0 for r in range(n)]
         launch, received = self._alltoall(send, splits, recv, out, "scatter")

@@ -12,11 +12,15 @@ Every function keeps Horovod 0.28's name, arguments and semantics:
   root) fails the operation on every rank with :class:`kolo.MismatchError`
   naming the ranks; a name that some rank never submits is a stall (see
   ``KOLO_STALL_SHUTDOWN_SECONDS``).
-- Tensors are CPU tensors of float16, bfloat16, float32, float64, int8,
-  uint8, int32 or int64, and bool where the operation is defined for it
-  (broadcast, allgather, alltoall, Min and Max). A non-contiguous tensor is
-  a ``ValueError``; another dtype, a sparse or a non-CPU tensor a
-  ``TypeError``; both raised before anything is enqueued.
+- Tensors are CPU or CUDA tensors (CUDA with a libkolo that has the device
+  data path, :func:`cuda_built`) of float16, bfloat16, float32, float64,
+  int8, uint8, int32 or int64, and bool where the operation is defined for
+  it (broadcast, allgather, alltoall, Min and Max). kolo's work on a CUDA
+  tensor is ordered after what torch's current stream held when it was
+  issued; outputs (allgather, alltoall, reducescatter) are made on the
+  input's device. A non-contiguous tensor is a ``ValueError``; another
+  dtype, a sparse tensor or one on another device type a ``TypeError``;
+  both raised before anything is enqueued.
 
 What kolo lacks is refused with ``NotImplementedError``: ``Adasum``, process
 sets other than the global one. What it adds: bfloat16, ``Compression.bf16``,
@@ -254,8 +258,10 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    """False: this build of kolo takes CPU tensors only."""
-    return False
+    """Whether kolo takes CUDA tensors: the loaded libkolo has the CUDA data
+    path (:func:`kolo.cuda_supported`). Without a GPU such a library still
+    refuses them when an operation is issued."""
+    return kolo.cuda_supported()
 
 
 def rocm_built() -> bool:
@@ -378,8 +384,8 @@ def _label(kind: str, name: Optional[str], index: Optional[int] = None) -> str:
 
 
 def _check(tensor: Any, what: str, reduce: Optional[str] = None) -> kolo.Buffer:
-    """kolo's checks (CPU, dense, supported dtype, contiguous) on a torch
-    tensor; the message names ``what``."""
+    """kolo's checks (CPU or CUDA, dense, supported dtype, contiguous) on a
+    torch tensor; the message names ``what``."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"kolo: {what} must be a torch.Tensor, not {type(tensor).__name__}")
     return kolo.buffer(tensor, what, reduce=reduce)
@@ -424,7 +430,7 @@ def _root(root_rank: Any) -> int:
 def _contiguous_like(tensor: torch.Tensor, shape: Optional[Sequence[int]] = None) -> torch.Tensor:
     if shape is None:
         return torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return torch.empty(tuple(shape), dtype=tensor.dtype)
+    return torch.empty(tuple(shape), dtype=tensor.dtype, device=tensor.device)
 
 
 def _mismatch(what: str, shapes: List[tuple], note: str) -> kolo.MismatchError:
@@ -641,7 +647,8 @@ def _start_allgather(tensor: torch.Tensor, base: str) -> _Op:
     shape = torch.tensor([tensor.dim(), *tensor.shape], dtype=torch.int64)
     h_shape = kolo.allgather_async(shape, lambda k: torch.empty(k, dtype=torch.int64),
                                    name=f"{base}#shape")
-    h_data = kolo.allgather_async(tensor, lambda k: torch.empty(k, dtype=tensor.dtype), name=base)
+    h_data = kolo.allgather_async(
+        tensor, lambda k: torch.empty(k, dtype=tensor.dtype, device=tensor.device), name=base)
 
     def finish(res):
         (shapes_flat, shape_counts), (flat, _counts) = res
@@ -863,8 +870,9 @@ def _alltoall_op(tensor: torch.Tensor, splits: Any, name: Optional[str],
                         dtype=torch.int64)
     h_meta = kolo.alltoall_async(meta, lambda k: torch.empty(k, dtype=torch.int64),
                                  name=f"{base}#splits")
-    h_data = kolo.alltoall_async(send, lambda k: torch.empty(k, dtype=tensor.dtype),
-                                 splits=[x * row for x in rows], name=base)
+    h_data = kolo.alltoall_async(
+        send, lambda k: torch.empty(k, dtype=tensor.dtype, device=tensor.device),
+        splits=[x * row for x in rows], name=base)
 
     def finish(res):
         (meta_in, meta_counts), (flat, _counts) = res
@@ -950,7 +958,8 @@ def _reducescatter_op(tensor: torch.Tensor, name: Optional[str], op: int, proces
     mine = q + (1 if r < extra else 0)
     if extra == 0:
         # kolo's block of count/size elements is this rank's q rows.
-        send, out = tensor, torch.empty((q,) + trailing, dtype=tensor.dtype)
+        send = tensor
+        out = torch.empty((q,) + trailing, dtype=tensor.dtype, device=tensor.device)
     else:
         # Horovod gives the first d0 % size ranks one row more: pad every
         # rank's block to q + 1 rows so that kolo's equal blocks line up.
@@ -961,7 +970,8 @@ def _reducescatter_op(tensor: torch.Tensor, name: Optional[str], op: int, proces
                 k = q + (1 if j < extra else 0)
                 send[j * (q + 1):j * (q + 1) + k] = tensor[at:at + k]
                 at += k
-        out = torch.empty((q + 1,) + trailing, dtype=tensor.dtype)
+        out = torch.empty((q + 1,) + trailing, dtype=tensor.dtype,
+                          device=tensor.device)
     h = kolo.reducescatter_async(send, out, name=base, op=kop, prescale=prescale_factor,
                                  postscale=postscale_factor)
     return _Op([h], lambda res: out if out.shape[0] == mine else out.narrow(0, 0, mine),

@@ -208,10 +208,14 @@ run("refused/arguments", bad_arguments)
 
 def answers():
     flags = [hvd.mpi_built(), hvd.mpi_enabled(), hvd.gloo_built(), hvd.gloo_enabled(),
-             hvd.nccl_built(), hvd.ddl_built(), hvd.ccl_built(), hvd.cuda_built(),
-             hvd.rocm_built(), hvd.mpi_threads_supported()]
+             hvd.nccl_built(), hvd.ddl_built(), hvd.ccl_built(), hvd.rocm_built(),
+             hvd.mpi_threads_supported()]
     if any(flags):
         return f"build flags {flags}"
+    # True exactly when the libkolo has the CUDA data path (kolo_cuda_set_stream).
+    if hvd.cuda_built() is not kolo.cuda_supported() or kolo.cuda_supported() != hasattr(
+            kolo._lib.library(), "kolo_cuda_set_stream"):
+        return f"cuda_built {hvd.cuda_built()}, cuda_supported {kolo.cuda_supported()}"
     if (hvd.rank(), hvd.size()) != (kolo.rank(), kolo.size()) or not hvd.is_initialized():
         return "rank/size/is_initialized disagree with kolo"
     if hvd.local_size() * hvd.cross_size() != N or not 0 <= hvd.local_rank() < N:
