@@ -230,8 +230,11 @@ static bool stream_idle(struct stream *s)
 	return idle;
 }
 
+static int devices(void);
+
 static struct stream *stream_new(int device)
 {
+	devices(); /* the fork handler is in place before any worker */
 	pthread_mutex_lock(&reg_lock);
 	struct stream *s;
 	for (s = all_streams; s; s = s->next)
