@@ -24,8 +24,12 @@ expect 2 allreduce -b 1M -e 8
 expect 2 allreduce -d float128
 expect 2 allreduce -o median
 expect 2 allgather --inplace
+expect 2 allreduce --device tpu
+expect 0 copybw --help
+expect 2 copybw -f 1
+expect 2 copybw -b 1M -e 1K
 help=$(timeout 10 "$bench" --help)
-for sub in allreduce allgather broadcast reducescatter alltoall barrier; do
+for sub in allreduce allgather broadcast reducescatter alltoall barrier copybw; do
 	if ! grep -q "^  $sub " <<<"$help"; then
 		echo "FAIL: --help does not list $sub"
 		fail=1
