@@ -10,12 +10,12 @@
 #  3. ctest -L 'gpu|cuda': the gpu tests on the real libcudart (no fake on
 #     LD_LIBRARY_PATH), and the cuda tests, which bring the fake of
 #     tests/gpu/fake themselves where they use it;
-#  4. the Python CUDA tests (tests/python/test_cuda_tensors.py) when a
-#     python3 with a CUDA torch is found (the others run anyway: the fake
-#     and the real runtime without torch);
-#  5. on 2 and 4 ranks sharing the GPU(s): kolo-bench allreduce
+#  4. on 2 and 4 ranks sharing the GPU(s): kolo-bench allreduce
 #     --device cuda --check, the host sweep of the same bytes, and copybw
 #     (pinned host <-> device, every rank at once), 1 KiB..256 MiB;
+#  5. the Python CUDA tests (tests/python/test_cuda_tensors.py), with
+#     torch's CUDA when a python3 with a CUDA torch is found (the others run
+#     anyway: the fake and the real runtime without torch);
 #  6. the summary: per size, busbw(device) / min(busbw(host), copy limit),
 #     where the copy limit is copybw's bidirectional figure (each direction
 #     while the other runs, as the staged pipeline copies) in busbw units
@@ -132,33 +132,24 @@ command -v nvidia-smi >/dev/null && timeout 30 nvidia-smi -L | tee "$out/nvidia-
 
 # ---- 3. ctest -L 'gpu|cuda' -------------------------------------------------------
 log "ctest -L 'gpu|cuda' (gpu: the real libcudart; cuda: the fake where a test uses it)"
-(cd "$build" && timeout "$(budget 200)" ctest -L 'gpu|cuda' -j 4 --output-on-failure --timeout 180) \
+(cd "$build" && timeout "$(budget 200)" ctest -L 'gpu|cuda' -j 4 --output-on-failure --timeout 120) \
 	>"$out/ctest-gpu.txt" 2>&1
 ctest_st=$?
-grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|Skipped|Not Run' "$out/ctest-gpu.txt"
+grep -E 'tests passed|tests failed|Test +#.*(Failed|Timeout|Skipped|Not Run)' "$out/ctest-gpu.txt"
 [ $ctest_st -eq 0 ] || failures+=("ctest -L 'gpu|cuda' (log: $out/ctest-gpu.txt)")
 # The cost figure gpu_device_test prints, for docs/gpu.md.
 timeout "$(budget 60)" "$bin/gpu_device_test" 2>&1 | grep -E '^kolo_mem_kind|^SKIP' \
 	>"$out/mem-kind-cost.txt"
 
-# ---- 4. Python --------------------------------------------------------------------
-torch_line="python: no python3 with a CUDA torch here; test_cuda_tensors.py ran without torch's CUDA"
-pyrun=${python:-/usr/bin/python3}
-log "pytest tests/python/test_cuda_tensors.py ($pyrun)"
-if KOLO_LIBRARY="$PWD/$build/lib/libkolo.so" KOLO_KOLORUN="$bin/kolorun" KOLO_PYTHON="$pyrun" \
-	PYTHONPATH="$PWD/python" timeout "$(budget 240)" "$pyrun" -m pytest -q -rs -p no:cacheprovider \
-	tests/python/test_cuda_tensors.py >"$out/pytest-cuda.txt" 2>&1; then
-	[ -n "$python" ] && torch_line="python: CUDA tensors through kolo.torch and DDP passed ($python)"
-else
-	torch_line="python: tests/python/test_cuda_tensors.py FAILED (log: $out/pytest-cuda.txt)"
-	failures+=("test_cuda_tensors.py")
-fi
-tail -n 5 "$out/pytest-cuda.txt"
-
-# ---- 5. the sweeps ------------------------------------------------------------------
+# ---- 4. the sweeps ------------------------------------------------------------------
 gpus=$(timeout 30 nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+kinds="cuda cpu"
+if [ "${gpus:-0}" -eq 0 ]; then
+	log "no GPU visible (nvidia-smi -L): the device sweeps and copybw are skipped"
+	kinds=cpu
+fi
 for np in 2 4; do
-	for kind in cuda cpu; do
+	for kind in $kinds; do
 		log "kolo-bench allreduce --device $kind, $np ranks, 1K..$max_bytes"
 		f="$out/allreduce-$kind-$np.json"
 		if ! KOLO_LOG_LEVEL=warn timeout "$(budget 100)" "$bin/kolorun" -np $np -- \
@@ -172,6 +163,7 @@ for np in 2 4; do
 			failures+=("kolo-bench allreduce --device $kind on $np ranks: wrong elements")
 		fi
 	done
+	[ "$kinds" = cpu ] && continue
 	log "kolo-bench copybw, $np ranks at once, 1K..$max_bytes"
 	if ! KOLO_LOG_LEVEL=warn timeout "$(budget 60)" "$bin/kolorun" -np $np -- \
 		"$bin/kolo-bench" copybw --json -b 1K -e "$max_bytes" -f 4 \
@@ -181,6 +173,20 @@ for np in 2 4; do
 	fi
 	sed -n 's/^\[0\] //p' "$out/copybw-$np.raw" | grep '^{' >"$out/copybw-$np.json"
 done
+
+# ---- 5. Python --------------------------------------------------------------------
+torch_line="python: no python3 with a CUDA torch here; test_cuda_tensors.py ran without torch's CUDA"
+pyrun=${python:-/usr/bin/python3}
+log "pytest tests/python/test_cuda_tensors.py ($pyrun)"
+if KOLO_LIBRARY="$PWD/$build/lib/libkolo.so" KOLO_KOLORUN="$bin/kolorun" KOLO_PYTHON="$pyrun" \
+	PYTHONPATH="$PWD/python" timeout "$(budget 240)" "$pyrun" -m pytest -q -rs -p no:cacheprovider \
+	tests/python/test_cuda_tensors.py >"$out/pytest-cuda.txt" 2>&1; then
+	[ -n "$python" ] && torch_line="python: CUDA tensors through kolo.torch and DDP passed ($python)"
+else
+	torch_line="python: tests/python/test_cuda_tensors.py FAILED (log: $out/pytest-cuda.txt)"
+	failures+=("test_cuda_tensors.py")
+fi
+tail -n 5 "$out/pytest-cuda.txt"
 
 # ---- 6. summary ------------------------------------------------------------------------
 table() {
@@ -227,7 +233,7 @@ EOF
 	grep -E '^cuda (runtime|driver|devices|device [0-9]|memory)|^nccl library' "$out/kolo-info-cuda.txt"
 	echo "gpus (nvidia-smi -L): ${gpus:-0}"
 	grep -E 'tests passed|tests failed' "$out/ctest-gpu.txt" | sed 's/^/ctest gpu|cuda: /'
-	grep -E '\(Failed\)|\(Timeout\)|Skipped|\*\*\*Not Run' "$out/ctest-gpu.txt" | sed 's/^/  /'
+	grep -E 'Test +#.*(Failed|Timeout|Skipped|Not Run)' "$out/ctest-gpu.txt" | sed 's/^/  /'
 	cat "$out/mem-kind-cost.txt"
 	echo "$torch_line"
 	grep -E 'passed|failed|skipped' "$out/pytest-cuda.txt" | tail -n 1 | sed 's/^/  pytest: /'

@@ -266,25 +266,31 @@ _cudart = None
 
 
 def cudart():
-    """The CUDA runtime libkolo uses (the loader finds the one already in the
-    process by its soname, so both share one), with the few functions the
-    package calls declared. Only asked for once a device buffer exists, so
-    libkolo has loaded it. Raises OSError when none loads."""
+    """The CUDA runtime libkolo uses (the one of CUDART_NAMES already in the
+    process, found by its soname), with the few functions the package calls
+    declared. Only asked for once a device buffer exists, so libkolo has
+    loaded it. Raises OSError when none loads."""
     global _cudart
     if _cudart is not None:
         return _cudart
     with _lock:
         if _cudart is not None:
             return _cudart
-        errors = []
-        for name in CUDART_NAMES:
-            try:
-                rt = ctypes.CDLL(name)
+        # One libkolo has loaded first (RTLD_NOLOAD finds only those), so that
+        # the copies run on the runtime kolo uses even where another one is
+        # in the process too (a CUDA torch brings its own).
+        rt, errors = None, []
+        for mode in (getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LOCAL, os.RTLD_LOCAL):
+            for name in CUDART_NAMES:
+                try:
+                    rt = ctypes.CDLL(name, mode=mode)
+                    break
+                except OSError as e:
+                    errors.append(str(e))
+            if rt is not None:
                 break
-            except OSError as e:
-                errors.append(str(e))
-        else:
-            raise OSError("kolo: cannot load the CUDA runtime: " + "; ".join(errors))
+        if rt is None:
+            raise OSError("kolo: cannot load the CUDA runtime: " + "; ".join(errors[-3:]))
         decl = {
             "cudaMemcpyAsync": [c_void_p, c_void_p, c_size_t, c_int, c_void_p],
             "cudaStreamSynchronize": [c_void_p],
