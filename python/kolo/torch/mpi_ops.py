@@ -243,7 +243,9 @@ def gloo_built() -> bool:
 
 
 def nccl_built() -> bool:
-    """False (Horovod returns NCCL's version, 0 without it): CPU tensors only."""
+    """False (Horovod returns NCCL's version, 0 without it): kolo.torch is not
+    built against NCCL; CUDA tensors go through libkolo (:func:`cuda_built`),
+    which may use NCCL inside a host itself."""
     return False
 
 
