@@ -416,8 +416,8 @@ static kolo_status_t hier_allreduce(struct nccl_state *s, struct kolo_ring_comm 
 	return st != KOLO_OK ? st : gst;
 }
 
-kolo_status_t kolo_device_nccl_try(struct kolo_comm *comm, struct kolo_ring_comm *rc,
-                                   const struct kolo_dcoll *c, struct kolo_errbuf *eb)
+static kolo_status_t nccl_try(struct kolo_comm *comm, struct kolo_ring_comm *rc,
+                              const struct kolo_dcoll *c, struct kolo_errbuf *eb)
 {
 	const int n = comm->assignment.size;
 	if (n < 2 || !rc)
@@ -531,4 +531,18 @@ kolo_status_t kolo_device_nccl_try(struct kolo_comm *comm, struct kolo_ring_comm
 		return s->failed;
 	}
 	return KOLO_OK;
+}
+
+/* The calling thread's current device is the caller's: NCCL runs on the
+ * round's device and the caller's is put back. */
+kolo_status_t kolo_device_nccl_try(struct kolo_comm *comm, struct kolo_ring_comm *rc,
+                                   const struct kolo_dcoll *c, struct kolo_errbuf *eb)
+{
+	int saved = -1, now = -1;
+	if (kolo_gpu_get_device(&saved, NULL) != KOLO_OK)
+		saved = -1;
+	kolo_status_t st = nccl_try(comm, rc, c, eb);
+	if (saved >= 0 && kolo_gpu_get_device(&now, NULL) == KOLO_OK && now != saved)
+		kolo_gpu_set_device(saved, NULL);
+	return st;
 }
