@@ -177,8 +177,12 @@ done
 # ---- 5. Python --------------------------------------------------------------------
 torch_line="python: no python3 with a CUDA torch here; test_cuda_tensors.py ran without torch's CUDA"
 pyrun=${python:-/usr/bin/python3}
+: >"$out/pytest-cuda.txt"
 log "pytest tests/python/test_cuda_tensors.py ($pyrun)"
-if KOLO_LIBRARY="$PWD/$build/lib/libkolo.so" KOLO_KOLORUN="$bin/kolorun" KOLO_PYTHON="$pyrun" \
+if ! timeout 60 "$pyrun" -c 'import pytest, numpy' >/dev/null 2>&1; then
+	torch_line="python: $pyrun lacks pytest or numpy (pip install pytest numpy): the Python CUDA tests did not run"
+	failures+=("test_cuda_tensors.py: no pytest/numpy for $pyrun")
+elif KOLO_LIBRARY="$PWD/$build/lib/libkolo.so" KOLO_KOLORUN="$bin/kolorun" KOLO_PYTHON="$pyrun" \
 	PYTHONPATH="$PWD/python" timeout "$(budget 240)" "$pyrun" -m pytest -q -rs -p no:cacheprovider \
 	tests/python/test_cuda_tensors.py >"$out/pytest-cuda.txt" 2>&1; then
 	[ -n "$python" ] && torch_line="python: CUDA tensors through kolo.torch and DDP passed ($python)"
