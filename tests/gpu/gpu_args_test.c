@@ -1,12 +1,15 @@
 /* Host memory of every kind passes the argument checker (runtime/args.c) on
  * every machine, GPU or not: the device-memory check added for CUDA must not
- * refuse what the CPU path runs. The device side is gpu_device_test.c. */
+ * refuse what the CPU path runs; and where the device data path cannot run,
+ * its calls and kolo_cuda_set_stream refuse with the reason. The device
+ * side is gpu_device_test.c and gpu_coll_worker.c. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "gpu.h"
+#include "kolo/kolo.h"
 #include "runtime.h"
 #include "testutil.h"
 
@@ -72,12 +75,39 @@ START_TEST(host_buffers_pass)
 }
 END_TEST
 
+/* Where the device data path cannot run (no GPU, no driver, a build without
+ * CUDA: every CI machine), its calls refuse with the reason rather than
+ * fail some other way, and a stream cannot be set. */
+START_TEST(unusable_refuses)
+{
+	const char *why = NULL;
+	if (kolo_gpu_usable(&why))
+		return; /* a GPU (or the fake runtime) is here: gpu_coll_* cover it */
+	ck_assert_msg(why && why[0], "no reason given");
+	ck_assert_int_eq(kolo_cuda_set_stream((void *)(uintptr_t)0x10), KOLO_EUNSUPPORTED);
+	ck_assert_ptr_null(kolo_cuda_get_stream());
+	ck_assert_int_eq(kolo_cuda_set_stream(NULL), KOLO_OK);
+	struct kolo_errbuf eb = {{0}};
+	void *p = (void *)(uintptr_t)0x20, *s = (void *)(uintptr_t)0x30;
+	ck_assert_int_eq(kolo_gpu_malloc(&p, 64, &eb), KOLO_EUNSUPPORTED);
+	ck_assert_ptr_null(p);
+	ck_assert_msg(strstr(eb.msg, why) != NULL, "'%s' lacks '%s'", eb.msg, why);
+	ck_assert_int_eq(kolo_gpu_stream_create(&s, &eb), KOLO_EUNSUPPORTED);
+	ck_assert_ptr_null(s);
+	kolo_gpu_free(NULL);
+	kolo_gpu_host_free(NULL);
+	kolo_gpu_stream_destroy(NULL);
+	kolo_gpu_event_destroy(NULL);
+}
+END_TEST
+
 static Suite *gpu_args_suite(void)
 {
 	Suite *s = suite_create("gpu_args");
 	TCase *tc = tcase_create("host");
 	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_add_test(tc, host_buffers_pass);
+	tcase_add_test(tc, unusable_refuses);
 	suite_add_tcase(s, tc);
 	return s;
 }
