@@ -15,15 +15,14 @@
 #include "kolo/async.h"
 #include "kolo/bootstrap.h"
 #include "kolo/elastic.h"
+#include "bootstrap_fork.h"
 #include "testutil.h"
 
 #define MAX_RANKS 4
 #define COUNT     4099
 
 struct exchange {
-	pthread_barrier_t barrier;
-	char hosts[MAX_RANKS][KOLO_BOOTSTRAP_HOST_MAX];
-	uint8_t cards[MAX_RANKS][KOLO_BOOTSTRAP_CARD_SIZE];
+	struct bootstrap_fork base;
 	int local_rank[MAX_RANKS], local_size[MAX_RANKS];
 	int cross_rank[MAX_RANKS], cross_size[MAX_RANKS];
 	int status[MAX_RANKS];
@@ -31,15 +30,8 @@ struct exchange {
 
 static struct exchange *exchange_new(int n)
 {
-	struct exchange *x =
-	        mmap(NULL, sizeof(*x), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	ck_assert_ptr_ne(x, MAP_FAILED);
-	memset(x, 0, sizeof(*x));
-	pthread_barrierattr_t attr;
-	pthread_barrierattr_init(&attr);
-	pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-	ck_assert_int_eq(pthread_barrier_init(&x->barrier, &attr, (unsigned)n), 0);
-	pthread_barrierattr_destroy(&attr);
+	struct exchange *x = bootstrap_fork_new(n, sizeof(*x));
+	ck_assert_ptr_nonnull(x);
 	return x;
 }
 
@@ -48,31 +40,15 @@ static struct exchange *exchange_new(int n)
  * 0 when every result matched. host: this rank's host name (KOLO_HOSTNAME). */
 static int run_rank(struct exchange *x, int rank, int n, const char *host)
 {
-	setenv("KOLO_HOSTNAME", host, 1);
 	struct kolo_bootstrap_config cfg = {.rank = rank,
 	                                    .size = n,
 	                                    .job = "bootstrap-test",
 	                                    .token = "secret",
 	                                    .timeout_ms = 20000};
-	kolo_bootstrap_t *b;
-	if (kolo_bootstrap_create(&cfg, &b) != KOLO_OK)
-		return 10;
-	snprintf(x->hosts[rank], sizeof(x->hosts[rank]), "%s", kolo_bootstrap_host(b));
-	pthread_barrier_wait(&x->barrier);
-	const char *hosts[MAX_RANKS];
-	for (int r = 0; r < n; r++)
-		hosts[r] = x->hosts[r];
-	if (kolo_bootstrap_listen(b, hosts, x->cards[rank]) != KOLO_OK) {
-		fprintf(stderr, "listen: %s\n", kolo_init_error());
-		kolo_bootstrap_destroy(b);
-		return 11;
-	}
-	pthread_barrier_wait(&x->barrier);
 	kolo_comm_t *comm;
-	if (kolo_bootstrap_connect(b, x->cards, &comm) != KOLO_OK) {
-		fprintf(stderr, "connect: %s\n", kolo_init_error());
-		return 12;
-	}
+	int failed = bootstrap_fork_join(&x->base, &cfg, host, &comm);
+	if (failed)
+		return 9 + failed;
 	int bad = 0;
 	if (kolo_rank(comm) != rank || kolo_size(comm) != n || kolo_elastic_enabled(comm))
 		bad = 13;
@@ -104,7 +80,7 @@ static int run_rank(struct exchange *x, int rank, int n, const char *host)
 	free(v);
 	if (kolo_reform(comm) != KOLO_EINVAL)
 		bad = 18;
-	pthread_barrier_wait(&x->barrier);
+	pthread_barrier_wait(&x->base.barrier);
 	kolo_finalize(comm);
 	return bad;
 }

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "kolo/async.h"
+#include "bootstrap_fork.h"
 #include "kolo/bootstrap.h"
 #include "testutil.h"
 
@@ -68,48 +69,6 @@ static uint64_t d2h_bytes(void)
 	uint64_t b[4];
 	fake_stats(b, NULL);
 	return b[D2H];
-}
-
-struct exchange {
-	pthread_barrier_t barrier;
-	char hosts[MAX_RANKS][KOLO_BOOTSTRAP_HOST_MAX];
-	uint8_t cards[MAX_RANKS][KOLO_BOOTSTRAP_CARD_SIZE];
-};
-
-static struct exchange *exchange_new(int n)
-{
-	struct exchange *x =
-	        mmap(NULL, sizeof(*x), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	ck_assert_ptr_ne(x, MAP_FAILED);
-	memset(x, 0, sizeof(*x));
-	pthread_barrierattr_t attr;
-	pthread_barrierattr_init(&attr);
-	pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-	ck_assert_int_eq(pthread_barrier_init(&x->barrier, &attr, (unsigned)n), 0);
-	pthread_barrierattr_destroy(&attr);
-	return x;
-}
-
-static kolo_comm_t *join(struct exchange *x, int rank, int n, const char *host)
-{
-	setenv("KOLO_HOSTNAME", host, 1);
-	struct kolo_bootstrap_config cfg = {
-	        .rank = rank, .size = n, .job = "gpu-nccl-test", .timeout_ms = 20000};
-	kolo_bootstrap_t *b;
-	if (kolo_bootstrap_create(&cfg, &b) != KOLO_OK)
-		return NULL;
-	snprintf(x->hosts[rank], sizeof(x->hosts[rank]), "%s", kolo_bootstrap_host(b));
-	pthread_barrier_wait(&x->barrier);
-	const char *hosts[MAX_RANKS];
-	for (int r = 0; r < n; r++)
-		hosts[r] = x->hosts[r];
-	if (kolo_bootstrap_listen(b, hosts, x->cards[rank]) != KOLO_OK) {
-		kolo_bootstrap_destroy(b);
-		return NULL;
-	}
-	pthread_barrier_wait(&x->barrier);
-	kolo_comm_t *comm;
-	return kolo_bootstrap_connect(b, x->cards, &comm) == KOLO_OK ? comm : NULL;
 }
 
 /* Rank r's input element i: small integers, exact in every float type. */
@@ -242,16 +201,18 @@ static int check_gather_bcast(kolo_comm_t *comm, int rank, const struct plan *p)
 	return 0;
 }
 
-static int run_rank(struct exchange *x, int rank, const struct plan *p)
+static int run_rank(struct bootstrap_fork *x, int rank, const struct plan *p)
 {
 	const int L = p->n / p->hosts;
 	char host[32];
 	snprintf(host, sizeof(host), "gpuhost%d", rank / L);
 	if (cuda_set_device(p->shared_gpu ? 0 : rank % L) != 0)
 		FAIL(10, "cudaSetDevice");
-	kolo_comm_t *comm = join(x, rank, p->n, host);
-	if (!comm)
-		FAIL(11, "join: %s", kolo_init_error());
+	struct kolo_bootstrap_config cfg = {
+	        .rank = rank, .size = p->n, .job = "gpu-nccl-test", .timeout_ms = 20000};
+	kolo_comm_t *comm;
+	if (bootstrap_fork_join(x, &cfg, host, &comm) != 0)
+		FAIL(11, "join failed");
 	if (kolo_local_size(comm) != L || kolo_cross_size(comm) != p->hosts)
 		FAIL(12, "local %d cross %d", kolo_local_size(comm), kolo_cross_size(comm));
 	static const size_t counts[] = {1, 5, 4096, 100003, 262147};
@@ -281,7 +242,8 @@ static void run_job(const struct plan *p)
 		fprintf(stderr, "SKIP: the fake libcudart.so.13 is not on LD_LIBRARY_PATH\n");
 		return;
 	}
-	struct exchange *x = exchange_new(p->n);
+	struct bootstrap_fork *x = bootstrap_fork_new(p->n, sizeof(*x));
+	ck_assert_ptr_nonnull(x);
 	pid_t pids[MAX_RANKS];
 	for (int r = 0; r < p->n; r++) {
 		pids[r] = fork();
