@@ -159,7 +159,7 @@ void kolo_metrics_coll_done(enum kolo_metrics_coll c, enum kolo_metrics_mode md,
 		atomic_store_explicit(&m.last_ok_ns, now, memory_order_relaxed);
 }
 
-void kolo_metrics_fusion_batch(size_t tensors, uint64_t bytes, uint64_t threshold)
+void kolo_metrics_fusion_batch(size_t tensors, uint64_t bytes, uint64_t packed, uint64_t threshold)
 {
 	if (!kolo_metrics_enabled())
 		return;
@@ -170,7 +170,7 @@ void kolo_metrics_fusion_batch(size_t tensors, uint64_t bytes, uint64_t threshol
 	if (!threshold)
 		return;
 	/* Bucket i holds the ratios up to 2^(i-10); powers of two compare exactly. */
-	double r = (double)bytes / (double)threshold;
+	double r = (double)packed / (double)threshold;
 	unsigned i = 0;
 	while (i < KOLO_METRICS_FILL_BUCKETS && r > (double)(1u << i) / 1024.0)
 		i++;

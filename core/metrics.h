@@ -77,9 +77,10 @@ void kolo_metrics_coll_observe(enum kolo_metrics_coll c, enum kolo_metrics_mode 
 /* The size class of an operation of this many bytes. */
 enum kolo_metrics_size kolo_metrics_size_class(uint64_t bytes);
 /* The fusion engine ran one allreduce batch of `tensors` tensors and
- * `bytes` bytes with a fusion buffer of threshold bytes (0: fusion off; then
- * no fill ratio is recorded). */
-void kolo_metrics_fusion_batch(size_t tensors, uint64_t bytes, uint64_t threshold);
+ * `bytes` bytes, `packed` of them through a fusion buffer of threshold bytes
+ * (the rest: large tensors that join the batch's pipeline in place); the
+ * fill ratio is packed / threshold (0: fusion off; then none is recorded). */
+void kolo_metrics_fusion_batch(size_t tensors, uint64_t bytes, uint64_t packed, uint64_t threshold);
 /* One negotiation cycle decided, cache_hits responses from the cache. */
 void kolo_metrics_fusion_cycle(uint64_t cache_hits);
 /* The stall inspector warned about stalled operations. */

@@ -214,7 +214,7 @@ END_TEST
 START_TEST(every_sample_has_its_family)
 {
 	kolo_metrics_coll_observe(KOLO_MCOLL_BARRIER, KOLO_MMODE_BLOCKING, 0, 5000, KOLO_OK);
-	kolo_metrics_fusion_batch(3, 96, 128);
+	kolo_metrics_fusion_batch(3, 96, 96, 128);
 	kolo_metrics_set_assignment(1, 2, 1, 5);
 	uint64_t ns[4] = {1000000, 3000000, 9000000, 10000000};
 	kolo_metrics_reform_done(ns, false);
@@ -258,10 +258,13 @@ START_TEST(fusion_and_elastic_render_what_was_counted)
 {
 	/* 96 of 128 bytes: ratio 0.75, first under le=1; 300 of 128: above 1;
 	 * fusion off: no ratio. */
-	kolo_metrics_fusion_batch(3, 96, 128);
-	kolo_metrics_fusion_batch(1, 300, 128);
-	kolo_metrics_fusion_batch(2, 10, 0);
-	kolo_metrics_fusion_batch(1, 1, 1u << 20); /* below 1/1024: the first bucket */
+	kolo_metrics_fusion_batch(3, 96, 96, 128);
+	kolo_metrics_fusion_batch(1, 300, 300, 128);
+	kolo_metrics_fusion_batch(2, 10, 10, 0);
+	kolo_metrics_fusion_batch(1, 1, 1, 1u << 20); /* below 1/1024: the first bucket */
+	/* 64 of 1000 bytes through the buffer, the rest large tensors joined in
+	 * place: the buffer is half full, though the batch is far larger. */
+	kolo_metrics_fusion_batch(2, 1000, 64, 128);
 	kolo_metrics_fusion_cycle(4);
 	kolo_metrics_fusion_cycle(0);
 	kolo_metrics_fusion_stall();
@@ -271,22 +274,23 @@ START_TEST(fusion_and_elastic_render_what_was_counted)
 	kolo_metrics_set_assignment(3, 4, 1, 7);
 	kolo_metrics_set_identity("j\"ob", "host-1");
 	char *t = render();
-	ck_assert_int_eq(sample(t, "kolo_fusion_batches_total"), 4);
-	ck_assert_int_eq(sample(t, "kolo_fusion_batch_bytes_total"), 407);
+	ck_assert_int_eq(sample(t, "kolo_fusion_batches_total"), 5);
+	ck_assert_int_eq(sample(t, "kolo_fusion_batch_bytes_total"), 1407);
 	ck_assert_int_eq(sample(t, "kolo_fusion_cycles_total"), 2);
 	ck_assert_int_eq(sample(t, "kolo_fusion_cache_hits_total"), 4);
 	ck_assert_int_eq(sample(t, "kolo_fusion_stall_warnings_total"), 1);
 	ck_assert_int_eq(sample(t, "kolo_fusion_batch_tensors_bucket{le=\"1\"}"), 2);
-	ck_assert_int_eq(sample(t, "kolo_fusion_batch_tensors_bucket{le=\"2\"}"), 3);
-	ck_assert_int_eq(sample(t, "kolo_fusion_batch_tensors_bucket{le=\"4\"}"), 4);
-	ck_assert_int_eq(sample(t, "kolo_fusion_batch_tensors_sum"), 7);
+	ck_assert_int_eq(sample(t, "kolo_fusion_batch_tensors_bucket{le=\"2\"}"), 4);
+	ck_assert_int_eq(sample(t, "kolo_fusion_batch_tensors_bucket{le=\"4\"}"), 5);
+	ck_assert_int_eq(sample(t, "kolo_fusion_batch_tensors_sum"), 9);
 	ck_assert_int_eq(sample(t, "kolo_fusion_batch_fill_ratio_bucket{le=\"0.0009765625\"}"), 1);
-	ck_assert_int_eq(sample(t, "kolo_fusion_batch_fill_ratio_bucket{le=\"0.5\"}"), 1);
-	ck_assert_int_eq(sample(t, "kolo_fusion_batch_fill_ratio_bucket{le=\"1\"}"), 2);
-	ck_assert_int_eq(sample(t, "kolo_fusion_batch_fill_ratio_bucket{le=\"+Inf\"}"), 3);
-	ck_assert_int_eq(sample(t, "kolo_fusion_batch_fill_ratio_count"), 3);
-	double fs = sample(t, "kolo_fusion_batch_fill_ratio_sum"); /* 0.75 + 300/128 + 2^-20 */
-	ck_assert_msg(fs > 3.09375 && fs < 3.093752, "fill ratio sum %.7f", fs);
+	ck_assert_int_eq(sample(t, "kolo_fusion_batch_fill_ratio_bucket{le=\"0.5\"}"), 2);
+	ck_assert_int_eq(sample(t, "kolo_fusion_batch_fill_ratio_bucket{le=\"1\"}"), 3);
+	ck_assert_int_eq(sample(t, "kolo_fusion_batch_fill_ratio_bucket{le=\"+Inf\"}"), 4);
+	ck_assert_int_eq(sample(t, "kolo_fusion_batch_fill_ratio_count"), 4);
+	double fs =
+	        sample(t, "kolo_fusion_batch_fill_ratio_sum"); /* 0.75 + 300/128 + 2^-20 + 0.5 */
+	ck_assert_msg(fs > 3.59375 && fs < 3.593752, "fill ratio sum %.7f", fs);
 	ck_assert_int_eq(sample(t, "kolo_elastic_reforms_total{cause=\"failure\"}"), 1);
 	ck_assert_int_eq(sample(t, "kolo_elastic_reforms_total{cause=\"commit\"}"), 1);
 	/* teardown 2 ms: le=0.002 holds both; round 6 ms: first under 0.008. */
@@ -343,7 +347,7 @@ START_TEST(off_until_enabled)
 	ck_assert_uint_eq(kolo_metrics_start(), 0);
 	kolo_metrics_coll_done(KOLO_MCOLL_ALLREDUCE, KOLO_MMODE_BLOCKING, 8, 0, KOLO_OK);
 	kolo_metrics_coll_observe(KOLO_MCOLL_ALLREDUCE, KOLO_MMODE_BLOCKING, 8, 10, KOLO_OK);
-	kolo_metrics_fusion_batch(2, 8, 64);
+	kolo_metrics_fusion_batch(2, 8, 8, 64);
 	kolo_metrics_fusion_cycle(1);
 	kolo_metrics_transport_error(KOLO_MTRANSPORT_SHM, KOLO_EPEER);
 	kolo_metrics_enable();

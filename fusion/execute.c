@@ -544,16 +544,18 @@ static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, siz
 		total += b[i]->bytes;
 		nent += b[i]->nent;
 	}
-	kolo_metrics_fusion_batch(nent, total, e->threshold);
 	bool tl = fusion_engine_tl_on(e);
 	if (tl)
 		for (size_t i = 0; i < nb; i++)
 			fusion_engine_tl_end(e, b[i]->r->name); /* QUEUE */
-	if (b[0]->r->p.mem)
+	if (b[0]->r->p.mem) {
+		kolo_metrics_fusion_batch(nent, total, total, e->threshold);
 		return dev_batch(e, b, nb, nent, total, tl, msg, len);
+	}
 	uint64_t packed = 0;
 	for (size_t i = 0; i < nb; i++)
 		packed += b[i]->direct ? 0 : b[i]->bytes;
+	kolo_metrics_fusion_batch(nent, total, packed, e->threshold);
 	if (nent > 1 && packed < total &&
 	    packed <= block_bytes(e, kolo_dtype_size(b[0]->r->p.dtype)))
 		return run_pieces(e, b, nb, nent, tl, msg, len);
