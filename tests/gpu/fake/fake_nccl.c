@@ -3,13 +3,14 @@
  * streams run the collectives, its shadows hold the data). Compiled against
  * the real nccl.h; exports only the NCCL names it defines.
  *
- * A comm is one segment named from the unique id (made by the first rank to
- * come, unlinked once every rank has mapped it): a header with a process-shared
- * robust mutex and condition variable, then one slot per rank. Each chunk
- * of a collective: every rank copies its part into its slot, a generation
- * barrier, every rank computes its output from the slots, a second barrier
- * so the slots can be reused. A slot is KOLO_FAKE_NCCL_SLOT_BYTES (default
- * 1 MiB) as ncclGetUniqueId found it; the segment's size tells the ranks. Every wait has a deadline
+ * A comm is one segment named from the unique id (made by the first rank
+ * to come, unlinked once every rank has mapped it): a header with a
+ * process-shared robust mutex and condition variable, then one slot per
+ * rank. Each chunk of a collective: every rank copies its part into its
+ * slot, a generation barrier, every rank computes its output from the
+ * slots, a second barrier so the slots can be reused. A slot is
+ * KOLO_FAKE_NCCL_SLOT_BYTES (default 1 MiB) as the first rank found it; the
+ * segment's size tells the others. Every wait has a deadline
  * (KOLO_FAKE_NCCL_TIMEOUT_MS, default 30000) and is woken in slices to look
  * at its peers, so an abort, a dead peer or a timeout becomes the comm's
  * async error and never a hang. */
@@ -599,7 +600,7 @@ static void *open_segment(const char *name, size_t *bytes)
 		    (fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600)) < 0)
 			return MAP_FAILED;
 		const char *v = getenv("KOLO_FAKE_NCCL_SLOT_BYTES");
-		size_t slot = v && atol(v) >= 64 ? (size_t)atol(v) / 64 * 64 : (size_t)1 << 20;
+		size_t slot = v && atol(v) >= 4096 ? (size_t)atol(v) / 64 * 64 : (size_t)1 << 20;
 		*bytes = HDR_BYTES + MAX_RANKS * slot;
 		if (ftruncate(fd, (off_t)*bytes) == 0)
 			m = mmap(NULL, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
