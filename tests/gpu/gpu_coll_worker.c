@@ -635,8 +635,12 @@ static int run_timeout(kolo_comm_t *comm)
 	CHECK(strstr(kolo_last_error(comm), "did not finish within") != NULL, "message: %s",
 	      kolo_last_error(comm));
 	CHECK(took < 1900, "the timeout took %.0f ms (the hold is 2000)", took);
-	/* The stream moves on; the next collective, on a fresh context, works. */
+	/* The stream moves on; the copies kolo had queued behind it then run
+	 * (they still read the buffer), so the device is synchronised before
+	 * the buffer is reused, as after any failed device collective. The
+	 * next collective, on a fresh context, works. */
 	CHECK(cuda_stream_synchronize(s) == 0, "cudaStreamSynchronize");
+	CHECK(cuda_device_synchronize() == 0, "cudaDeviceSynchronize");
 	float *h = host_vals(rank_, n, 0);
 	to_dev(d, h, n * sizeof(float));
 	free(h);
