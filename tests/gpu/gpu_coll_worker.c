@@ -569,6 +569,17 @@ static void test_async(kolo_comm_t *comm, const char *timeline)
 	cuda_free(rs);
 	cuda_free(rr);
 
+	/* A blocking device collective now that the engine owns the ring: it
+	 * runs on the engine thread (kolo_engine_run_exclusive), device set
+	 * there and put back. */
+	size_t bn = 70000;
+	float *bd = dev_vals(rank_, bn, 0);
+	ok(comm, kolo_allreduce(comm, bd, bd, bn, KOLO_FLOAT32, KOLO_SUM),
+	   "allreduce through the engine");
+	struct scale one = {1, 1, 0};
+	expect("allreduce through the engine", bd, true, bn, want_sum, &one);
+	cuda_free(bd);
+
 	/* Rank 0 passes device memory, the others host memory, under one name:
 	 * the ranks would take different paths, so every rank fails it with
 	 * the mismatch named, and nothing hangs. */
