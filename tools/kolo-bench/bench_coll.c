@@ -241,7 +241,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			else if (strcmp(optarg, "cpu") == 0)
 				o->device = false;
 			else {
-				fprintf(stderr, "kolo-bench %s: --device is cpu or cuda, not '%s'\n",
+				fprintf(stderr,
+				        "kolo-bench %s: --device is cpu or cuda, not '%s'\n",
 				        argv[0], optarg);
 				return 2;
 			}
@@ -651,9 +652,9 @@ static void print_header(const struct bench *b)
 		         o->inplace ? "in place" : "out of place");
 	else if (o->coll == C_BROADCAST)
 		snprintf(extra, sizeof(extra), ", root %d", o->root);
-	printf("# kolo-bench %s: %d ranks, dtype %s%s, check %s, device %s\n",
-	       coll_names[o->coll], b->size, kolo_dtype_name(o->dtype), extra,
-	       o->check ? "on" : "off", o->device ? "cuda" : "cpu");
+	printf("# kolo-bench %s: %d ranks, dtype %s%s, check %s, device %s\n", coll_names[o->coll],
+	       b->size, kolo_dtype_name(o->dtype), extra, o->check ? "on" : "off",
+	       o->device ? "cuda" : "cpu");
 	if (o->device)
 		printf("# device: rank 0 on cuda:%d %s (%d visible; ranks take local rank mod "
 		       "GPUs)\n",
@@ -754,8 +755,8 @@ static int bench_size(struct bench *b, uint64_t req_bytes, int *any_wrong)
 		char why[512];
 		if (b->o.device && bench_cuda_copy(b->hrecv, b->recvbuf, s.recv_count * b->esize,
 		                                   why, sizeof(why)) != 0) {
-			fprintf(stderr, "kolo-bench: rank %d: reading the result back: %s\n", b->rank,
-			        why);
+			fprintf(stderr, "kolo-bench: rank %d: reading the result back: %s\n",
+			        b->rank, why);
 			return 1;
 		}
 		wrong = verify(b, &s);
@@ -824,7 +825,8 @@ int kolo_bench_coll(int argc, char **argv)
 	/* Buffers for the largest size, allocated once. */
 	struct shape big = shape_for(&b, b.o.max_bytes);
 	b.send_bytes = big.send_count * b.esize;
-	b.recv_bytes = (big.recv_count > big.send_count ? big.recv_count : big.send_count) * b.esize;
+	b.recv_bytes =
+	        (big.recv_count > big.send_count ? big.recv_count : big.send_count) * b.esize;
 	b.hsend = alloc_buf(b.send_bytes);
 	b.hrecv = alloc_buf(b.recv_bytes);
 	int max_iters = b.o.iters ? b.o.iters : 200;

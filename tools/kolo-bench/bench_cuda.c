@@ -57,7 +57,8 @@ int bench_cuda_open(int local_rank, struct bench_dev *dev, char *why, size_t why
 {
 	const char *reason = NULL;
 	if (!kolo_cuda_devices_visible(&reason)) {
-		snprintf(why, why_size, "no CUDA device: %s", reason ? reason : "(no reason given)");
+		snprintf(why, why_size, "no CUDA device: %s",
+		         reason ? reason : "(no reason given)");
 		return -1;
 	}
 	static struct kolo_cuda_info info;
@@ -316,7 +317,8 @@ int kolo_bench_copybw(int argc, char **argv)
 	memset(host, 0x11, maxb);
 	memset(host2, 0x22, maxb);
 	if (rank == 0 && !json) {
-		printf("# kolo-bench copybw: %d rank%s, device cuda:%d %s (%d visible), pinned host "
+		printf("# kolo-bench copybw: %d rank%s, device cuda:%d %s (%d visible), pinned "
+		       "host "
 		       "memory, cudaMemcpyAsync\n",
 		       size, size == 1 ? "" : "s", dev.ordinal, dev.name, dev.count);
 		printf("# %12s %6s %10s %10s %10s\n", "bytes", "iters", "h2d_GB/s", "d2h_GB/s",
@@ -327,8 +329,10 @@ int kolo_bench_copybw(int argc, char **argv)
 		if (bytes > maxb)
 			bytes = maxb;
 		uint64_t auto_it = (1ull << 30) / bytes;
-		int iters = iters_opt ? iters_opt
-		                      : auto_it < 5 ? 5 : auto_it > 200 ? 200 : (int)auto_it;
+		int iters = iters_opt       ? iters_opt
+		            : auto_it < 5   ? 5
+		            : auto_it > 200 ? 200
+		                            : (int)auto_it;
 		int32_t one = 1;
 		if (comm && kolo_allreduce(comm, &one, &one, 1, KOLO_INT32, KOLO_SUM) != KOLO_OK)
 			goto coll_fail;
@@ -336,8 +340,8 @@ int kolo_bench_copybw(int argc, char **argv)
 		if ((e = time_copies(d1, host, NULL, NULL, bytes, iters, s1, s2, &t[0])) != 0 ||
 		    (e = time_copies(host, d1, NULL, NULL, bytes, iters, s1, s2, &t[1])) != 0 ||
 		    (e = time_copies(d2, host2, host, d1, bytes, iters, s1, s2, &t[2])) != 0) {
-			fprintf(stderr, "kolo-bench copybw: rank %d: copy of %" PRIu64 ": %s\n", rank,
-			        bytes, cuda_err(e));
+			fprintf(stderr, "kolo-bench copybw: rank %d: copy of %" PRIu64 ": %s\n",
+			        rank, bytes, cuda_err(e));
 			goto out;
 		}
 		if (comm && kolo_allreduce(comm, t, t, 3, KOLO_FLOAT64, KOLO_MAX) != KOLO_OK)
@@ -359,8 +363,7 @@ int kolo_bench_copybw(int argc, char **argv)
 	rc = 0;
 	goto out;
 coll_fail:
-	fprintf(stderr, "kolo-bench copybw: rank %d: allreduce: %s\n", rank,
-	        kolo_last_error(comm));
+	fprintf(stderr, "kolo-bench copybw: rank %d: allreduce: %s\n", rank, kolo_last_error(comm));
 out:
 	if (s1)
 		rt.stream_destroy(s1);
