@@ -347,6 +347,11 @@ enum kolo_mem_kind kolo_mem_kind(const void *ptr)
 	return probe(ptr);
 }
 
+bool kolo_gpu_maybe_device(void)
+{
+	return atomic_load_explicit(&mem_state, memory_order_acquire) != HOST_ONLY;
+}
+
 bool kolo_cuda_devices_visible(const char **why)
 {
 	bool visible = state() == PROBE;

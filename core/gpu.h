@@ -40,6 +40,11 @@ enum kolo_mem_kind kolo_mem_kind(const void *ptr);
  * (libcuda.so.1): no GPU", ...), a static string. Loads as kolo_mem_kind. */
 bool kolo_cuda_devices_visible(const char **why);
 
+/* False once this process is known to hold no device memory (kolo_mem_kind
+ * answers host for everything); true before the first kolo_mem_kind and
+ * where a GPU is visible. One load: for the host path's fast checks. */
+bool kolo_gpu_maybe_device(void);
+
 /* Whether this libkolo was compiled with the CUDA runtime headers. */
 bool kolo_cuda_built(void);
 

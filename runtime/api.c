@@ -80,7 +80,7 @@ struct coll {
 	bool device;
 	struct kolo_comm *comm;
 	void *after;
-	struct kolo_errbuf eb;
+	struct kolo_errbuf *eb;
 };
 
 static const enum kolo_dcoll_kind dcoll_kind[] = {
@@ -103,7 +103,7 @@ static kolo_status_t device_exec(struct coll *c, struct kolo_ring_comm *rc)
 	                       .post = c->post,
 	                       .root = c->root,
 	                       .after = c->after};
-	return kolo_device_run(c->comm, rc, &d, &c->eb);
+	return kolo_device_run(c->comm, rc, &d, c->eb);
 }
 
 static kolo_status_t coll_exec(void *arg, struct kolo_ring_comm *rc)
@@ -143,7 +143,7 @@ static kolo_status_t run_coll(struct kolo_comm *comm, const char *fn, struct col
 	if (st != KOLO_OK) {
 		/* The device path's own message says more than the engine's. */
 		kolo_comm_fail(comm, st, "%s: %s", fn,
-		               c->device && c->eb.msg[0] ? c->eb.msg : eb.msg);
+		               c->device && c->eb->msg[0] ? c->eb->msg : eb.msg);
 		st = kolo_runtime_elastic_failed(comm, st);
 	}
 	return st;
@@ -166,19 +166,29 @@ static uint64_t coll_bytes(const struct kolo_comm *comm, const struct coll *c)
 	return n * kolo_dtype_size(c->dtype);
 }
 
+/* A collective with device buffers: after an event on the caller's stream.
+ * Its errbuf lives here, not in struct coll, so that the host path does not
+ * zero it on every call. */
+static kolo_status_t run_device(struct kolo_comm *comm, const char *fn, struct coll *c)
+{
+	struct kolo_errbuf eb;
+	eb.msg[0] = '\0';
+	c->device = true;
+	c->comm = comm;
+	c->eb = &eb;
+	kolo_status_t st = kolo_device_ready_event(&c->after, &eb);
+	if (st != KOLO_OK)
+		return kolo_comm_fail(comm, st, "%s: %s", fn, eb.msg);
+	st = run_coll(comm, fn, c);
+	kolo_gpu_event_destroy(c->after);
+	return st;
+}
+
 static kolo_status_t run(struct kolo_comm *comm, const char *fn, struct coll *c)
 {
 	uint64_t t0 = kolo_metrics_start();
-	kolo_status_t st = KOLO_OK;
-	c->comm = comm;
-	c->device = kolo_args_mem_device() > 0;
-	c->after = NULL;
-	c->eb.msg[0] = '\0';
-	if (c->device && (st = kolo_device_ready_event(&c->after, &c->eb)) != KOLO_OK)
-		kolo_comm_fail(comm, st, "%s: %s", fn, c->eb.msg);
-	if (st == KOLO_OK)
-		st = run_coll(comm, fn, c);
-	kolo_gpu_event_destroy(c->after);
+	kolo_status_t st =
+	        kolo_args_mem_device() > 0 ? run_device(comm, fn, c) : run_coll(comm, fn, c);
 	kolo_metrics_coll_done(coll_metric[c->kind], KOLO_MMODE_BLOCKING, coll_bytes(comm, c), t0,
 	                       st);
 	return st;

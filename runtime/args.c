@@ -103,14 +103,17 @@ kolo_status_t kolo_args_counts(struct kolo_comm *comm, const char *coll, const c
 /* Buffers of device memory seen by this thread's checks since the reset. */
 static _Thread_local int mem_device;
 
+/* Where no device pointer can exist (core/gpu.h) neither touches the
+ * thread-local: in a shared library each access is a call. */
 void kolo_args_mem_reset(void)
 {
-	mem_device = 0;
+	if (kolo_gpu_maybe_device())
+		mem_device = 0;
 }
 
 int kolo_args_mem_device(void)
 {
-	return mem_device;
+	return kolo_gpu_maybe_device() ? mem_device : 0;
 }
 
 /* Device memory takes the device path (runtime/device.c) where it can run,
