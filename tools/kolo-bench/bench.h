@@ -9,11 +9,15 @@
 #define KOLO_BENCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Benchmarks the collective named argv[0] (allreduce, allgather, broadcast,
  * reducescatter, alltoall, barrier); 0 on success, 1 on a failure or a wrong
  * element, 2 on a usage error. */
 int kolo_bench_coll(int argc, char **argv);
+/* "64M" -> 67108864: K, M, G (optionally followed by B or iB) are binary;
+ * 0, or -1 for a malformed size. */
+int kolo_bench_parse_size(const char *s, uint64_t *out);
 /* true when name is a collective that kolo_bench_coll() measures. */
 int kolo_bench_coll_known(const char *name);
 

@@ -104,8 +104,7 @@ static void usage(FILE *f, const char *name)
 	        name);
 }
 
-/* "64M" -> 67108864; K, M, G (optionally followed by B or iB) are binary. */
-static int parse_size(const char *s, uint64_t *out)
+int kolo_bench_parse_size(const char *s, uint64_t *out)
 {
 	char *end;
 	errno = 0;
@@ -187,11 +186,11 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		char *end;
 		switch (c) {
 		case 'b':
-			if (parse_size(optarg, &o->min_bytes) != 0)
+			if (kolo_bench_parse_size(optarg, &o->min_bytes) != 0)
 				goto bad;
 			break;
 		case 'e':
-			if (parse_size(optarg, &o->max_bytes) != 0)
+			if (kolo_bench_parse_size(optarg, &o->max_bytes) != 0)
 				goto bad;
 			break;
 		case 'f':
@@ -200,7 +199,8 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 				goto bad;
 			break;
 		case 'i':
-			if (parse_size(optarg, &o->step_bytes) != 0 || o->step_bytes == 0)
+			if (kolo_bench_parse_size(optarg, &o->step_bytes) != 0 ||
+			    o->step_bytes == 0)
 				goto bad;
 			break;
 		case 'd':

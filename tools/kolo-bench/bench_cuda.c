@@ -162,30 +162,6 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int parse_bytes(const char *s, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (end == s || errno != 0)
-		return -1;
-	uint64_t mul = 1;
-	if (*end == 'K' || *end == 'k')
-		mul = 1ull << 10;
-	else if (*end == 'M' || *end == 'm')
-		mul = 1ull << 20;
-	else if (*end == 'G' || *end == 'g')
-		mul = 1ull << 30;
-	if (mul > 1)
-		end++;
-	if (mul > 1 && (strcmp(end, "B") == 0 || strcmp(end, "iB") == 0))
-		end += strlen(end);
-	if (*end != '\0' || v == 0 || v > UINT64_MAX / mul)
-		return -1;
-	*out = v * mul;
-	return 0;
-}
-
 /* Seconds per copy of bytes, the mean over iters after one untimed copy;
  * both directions at once when dst2 is set (two streams). */
 static int time_copies(void *dst, const void *src, void *dst2, const void *src2, size_t bytes,
@@ -246,11 +222,11 @@ int kolo_bench_copybw(int argc, char **argv)
 		long v;
 		switch (c) {
 		case 'b':
-			if (parse_bytes(optarg, &minb) != 0)
+			if (kolo_bench_parse_size(optarg, &minb) != 0 || minb == 0)
 				goto bad;
 			break;
 		case 'e':
-			if (parse_bytes(optarg, &maxb) != 0)
+			if (kolo_bench_parse_size(optarg, &maxb) != 0 || maxb == 0)
 				goto bad;
 			break;
 		case 'f':
