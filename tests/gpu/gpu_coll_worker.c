@@ -53,6 +53,11 @@ static int (*cuda_stream_destroy)(void *);
 static int (*cuda_stream_synchronize)(void *);
 static int (*cuda_launch_host_func)(void *, void (*)(void *), void *);
 static int (*cuda_device_synchronize)(void);
+static int (*cuda_set_device)(int);
+static int (*cuda_get_device)(int *);
+/* GPU_COLL_SPREAD: this rank's buffers on device (rank mod GPUs), its calls
+ * made with the next device current; otherwise both 0. */
+static int device_ = 0, call_device_ = 0;
 
 static void *resolve(void *h, const char *name)
 {
@@ -87,14 +92,21 @@ static int load_cudart(void)
 	RESOLVE(cuda_stream_synchronize, "cudaStreamSynchronize");
 	RESOLVE(cuda_launch_host_func, "cudaLaunchHostFunc");
 	RESOLVE(cuda_device_synchronize, "cudaDeviceSynchronize");
+	RESOLVE(cuda_set_device, "cudaSetDevice");
+	RESOLVE(cuda_get_device, "cudaGetDevice");
 	int n = 0;
-	return cuda_get_device_count(&n) == 0 && n > 0 ? 0 : -1;
+	return cuda_get_device_count(&n) == 0 && n > 0 ? n : -1;
 }
 
 static void *dmalloc(size_t bytes)
 {
 	void *p = NULL;
-	if (cuda_malloc(&p, bytes ? bytes : 1) != 0) {
+	if (device_ != call_device_)
+		cuda_set_device(device_);
+	int e = cuda_malloc(&p, bytes ? bytes : 1);
+	if (device_ != call_device_)
+		cuda_set_device(call_device_);
+	if (e != 0) {
 		fprintf(stderr, "gpu_coll_worker: cudaMalloc(%zu) failed\n", bytes);
 		exit(1);
 	}
@@ -174,9 +186,19 @@ static double want_sum(size_t i, void *arg)
 	return s->pre * sum_ref(s->base + i) * s->post;
 }
 
+/* kolo set the device of the buffers for its work; the caller's current
+ * device must be what it was. */
+static void same_device(const char *what)
+{
+	int cur = -1;
+	CHECK(cuda_get_device(&cur) == 0 && cur == call_device_,
+	      "%s: the calling thread's device is %d, want %d", what, cur, call_device_);
+}
+
 static void ok(kolo_comm_t *comm, kolo_status_t st, const char *what)
 {
 	CHECK(st == KOLO_OK, "%s: %s: %s", what, kolo_status_name(st), kolo_last_error(comm));
+	same_device(what);
 }
 
 /* ---- blocking ------------------------------------------------------------ */
@@ -721,7 +743,8 @@ int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "all";
 	const char *timeline = argc > 2 ? argv[2] : NULL;
-	if (load_cudart() != 0) {
+	int ngpus = load_cudart();
+	if (ngpus < 1) {
 		printf("gpu_coll_worker: skipped: no libcudart or no CUDA device visible\n");
 		return 77;
 	}
@@ -735,6 +758,14 @@ int main(int argc, char **argv)
 	if (size_ > 16) {
 		fprintf(stderr, "gpu_coll_worker: at most 16 ranks\n");
 		return 1;
+	}
+	/* GPU_COLL_SPREAD: each rank's buffers on its own device where there are
+	 * enough (rank mod GPUs), its calls made with another device current,
+	 * so the staged path switches devices and must put the caller's back. */
+	if (getenv("GPU_COLL_SPREAD")) {
+		device_ = rank_ % ngpus;
+		call_device_ = (rank_ + 1) % ngpus;
+		CHECK(cuda_set_device(call_device_) == 0, "cudaSetDevice(%d)", call_device_);
 	}
 	if (strcmp(mode, "kill") == 0)
 		return run_kill(comm);
