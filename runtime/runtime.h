@@ -228,9 +228,10 @@ kolo_status_t kolo_device_allreduce(struct kolo_comm *comm, struct kolo_ring_com
                                     const void *sendbuf, void *recvbuf, size_t count,
                                     kolo_dtype_t dtype, kolo_op_t op, double prescale,
                                     double postscale, void *after, struct kolo_errbuf *eb);
-/* The NCCL path (device_nccl.c; device_nccl_stub.c's weak default answers
- * KOLO_EUNSUPPORTED): runs c and returns its status, or KOLO_EUNSUPPORTED
- * (eb untouched) when it does not apply, and the staged path runs. */
+/* The NCCL path (device_nccl.c, docs/gpu.md): runs c and returns its status,
+ * or KOLO_EUNSUPPORTED (eb untouched) when it does not apply, and the staged
+ * path runs. The first call of a round is collective over rc (it forms the
+ * round's NCCL communicator, or decides none applies). */
 kolo_status_t kolo_device_nccl_try(struct kolo_comm *comm, struct kolo_ring_comm *rc,
                                    const struct kolo_dcoll *c, struct kolo_errbuf *eb);
 /* Aborts and frees comm's NCCL communicator (device_nccl.c), formed again by
