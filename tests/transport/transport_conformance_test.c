@@ -9,20 +9,49 @@
 
 #include "hybrid.h"
 #include "testutil.h"
+#include "transport_shm.h"
 #include "transport_tcp.h"
+#include "transport_verbs.h"
 #include "tt_util.h"
 
+/* The largest message: past every transport's staging (shm's rings, verbs'
+ * slots and rendezvous threshold, TCP's socket buffers) many times over.
+ * ThreadSanitizer checks every byte a copy moves, so its build sends a
+ * quarter, still far past them. */
+#if defined(__SANITIZE_THREAD__)
+#define BIG (16u << 20)
+#else
 #define BIG (64u << 20)
+#endif
 
-/* Loop index -> transport and stream count (1 or 4). */
+/* Loop index -> transport and stream count: every transport with 1 stream,
+ * and with 4 those that use the count (TCP, and the hybrid's TCP pairs);
+ * shared memory and verbs ignore it, so a second run of theirs would repeat
+ * the first. */
+struct combo {
+	int tr, streams;
+};
+static struct combo combos[32];
+static int ncombos;
+
+static void combos_init(void)
+{
+	for (int t = 0; t < tt_ntransports && ncombos + 2 <= (int)KOLO_ARRAY_SIZE(combos); t++) {
+		const struct kolo_transport_ops *ops = tt_transports[t].ops;
+		combos[ncombos++] = (struct combo){t, 1};
+		if (ops != &kolo_transport_shm_ops && ops != &kolo_transport_verbs_ops)
+			combos[ncombos++] = (struct combo){t, 4};
+	}
+}
+
 static const struct tt_transport *tr_of(int i)
 {
-	return &tt_transports[i / 2];
+	return &tt_transports[combos[i].tr];
 }
 
 static int streams_of(int i)
 {
-	return i % 2 ? 4 : 1;
+	return combos[i].streams;
 }
 
 /* Sends one patterned message each way on (x, y) and checks both. */
@@ -511,18 +540,19 @@ static Suite *conformance_suite(void)
 	TCase *tc = tcase_create("conformance");
 	tcase_set_timeout(tc, 240);
 	int n = tt_ntransports;
+	combos_init();
 	tcase_add_loop_test(tc, connect_accept_both_directions, 0, n);
-	tcase_add_loop_test(tc, ordered_sizes, 0, 2 * n);
-	tcase_add_loop_test(tc, many_outstanding, 0, 2 * n);
-	tcase_add_loop_test(tc, irecv_after_arrival, 0, 2 * n);
-	tcase_add_loop_test(tc, zero_length_synchronises, 0, 2 * n);
-	tcase_add_loop_test(tc, length_mismatch, 0, 2); /* TCP only */
+	tcase_add_loop_test(tc, ordered_sizes, 0, ncombos);
+	tcase_add_loop_test(tc, many_outstanding, 0, ncombos);
+	tcase_add_loop_test(tc, irecv_after_arrival, 0, ncombos);
+	tcase_add_loop_test(tc, zero_length_synchronises, 0, ncombos);
+	tcase_add_loop_test(tc, length_mismatch, 0, 2); /* TCP only: combos 0 and 1 */
 	tcase_add_loop_test(tc, abort_wakes_wait, 0, n);
-	tcase_add_loop_test(tc, close_fails_peer, 0, 2 * n);
+	tcase_add_loop_test(tc, close_fails_peer, 0, ncombos);
 	tcase_add_loop_test(tc, close_releases_pending, 0, n);
-	tcase_add_loop_test(tc, ring_of_three_threads, 0, 2 * n);
-	tcase_add_loop_test(tc, accept_after_sender_stops, 0, 2 * n);
-	tcase_add_loop_test(tc, fixed_socket_buffers, 0, 2 * n);
+	tcase_add_loop_test(tc, ring_of_three_threads, 0, ncombos);
+	tcase_add_loop_test(tc, accept_after_sender_stops, 0, ncombos);
+	tcase_add_loop_test(tc, fixed_socket_buffers, 0, ncombos);
 	tcase_add_loop_test(tc, hybrid_routes_by_host, 0, n);
 	suite_add_tcase(s, tc);
 	return s;
