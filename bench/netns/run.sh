@@ -13,8 +13,16 @@
 #   bench/netns/run.sh wire [RATE [ROUNDS [MIN MAX [FACTOR]]]]
 #                                      4 hosts x 1 rank at RATE (default 1000): kolo and Gloo
 #                                      ring_chunked interleaved ROUNDS times (default 3) over
-#                                      MIN..MAX (default 1M 256M, x4), checked; busbw/link and
-#                                      kolo/Gloo per size and round, and their medians
+#                                      MIN..MAX (default 1M 256M, x4), checked, and in every
+#                                      round the wire's TCP ceiling (the ring pump below);
+#                                      busbw/link, kolo/Gloo and kolo/ceiling per size and
+#                                      round, and their medians
+#   bench/netns/run.sh pump [RATE [SECONDS]]
+#                                      4 hosts x 1 rank at RATE: the TCP ceiling of a ring
+#                                      allreduce on that wire: every host streams to the next
+#                                      one while it reads from the one before (tcp_pump --to),
+#                                      for about SECONDS (default 25: longer than BBR's 10 s
+#                                      ProbeRTT period); GB/s per link, its minimum over links
 #   bench/netns/run.sh job H L RATE [VAR=VALUE...] -- kolo-bench ARGS...
 #                                      any kolo-bench run on H hosts x L ranks (RATE 0: unshaped)
 #
@@ -159,6 +167,33 @@ gloo() {
 	return "$rc"
 }
 
+# pump NAME SECONDS: tcp_pump's ring on the 4 current hosts (each streams to the next one and
+# reads from the one before), sized to run about SECONDS at the link rate $rate (at most
+# 8 GiB a link: at 10 Gbit/s the CPUs, not the link, are the limit). Prints one line
+# "links GB/s: a b c d; min m" and returns 1 if a host failed.
+pump() {
+	local name=$1 secs=$2 h gp=() rc=0 mib
+	mib=$((rate * secs / 8))
+	[ "$mib" -gt 8192 ] && mib=8192
+	[ "$mib" -lt 64 ] && mib=64
+	echo "## $name: 4 hosts x 1 tcp_pump, $mib MiB a link; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+	for ((h = 0; h < 4; h++)); do
+		"$netns" --prefix "$prefix" exec "$h" timeout -k 5 900 "$peers/tcp_pump" \
+			--listen "$("$netns" --prefix "$prefix" addr "$h"):5001" \
+			--to "$("$netns" --prefix "$prefix" addr $(((h + 1) % 4))):5001" "$mib" --json \
+			>"$out/$name.h$h" 2>&1 </dev/null &
+		gp+=($!)
+	done
+	for p in "${gp[@]}"; do
+		wait "$p" || rc=1
+	done
+	[ "$rc" = 0 ] || { echo "## $name: a host failed (see $out/$name.h*)"; return 1; }
+	cat "$out/$name".h* | grep -o '"gbps":[0-9.]*' | cut -d: -f2 |
+		awk '{v[NR] = $1; if (NR == 1 || $1 < m) m = $1}
+			END {printf "links GB/s:"; for (i = 1; i <= NR; i++) printf " %s", v[i];
+			printf "; min %s\n", m}'
+}
+
 # mpi NAME ARGS...: mpi_bench on the 4 current hosts, one rank per host. mpirun runs on the
 # bridge, where every host reaches its PMIx server (PMIx's client-server link is TCP; the
 # hosts cannot reach the root namespace's loopback), and each rank enters its host's
@@ -232,7 +267,7 @@ peers)
 wire)
 	rate=${1:-1000} rounds=${2:-3} wmin=${3:-1M} wmax=${4:-256M} wfac=${5:-4}
 	[ "$rate" -gt 0 ] && [ "$rounds" -gt 0 ] || { echo "wire: RATE and ROUNDS > 0" >&2; exit 2; }
-	peers_build gloo
+	peers_build gloo pump
 	hosts 4 "$rate"
 	sweep=(-b "$wmin" -e "$wmax" -f "$wfac" --check --json)
 	: >"$out/wire.tsv"
@@ -249,7 +284,15 @@ wire)
 		grep '^##' "$out/wire_gloo_r$1.txt" || true
 		grep -o '{.*}' "$out/wire_gloo_r$1.txt" | sed "s/^/$1\tgloo\t/" >>"$out/wire.tsv" || true
 	}
+	wire_pump() {
+		local line
+		line=$(pump "wire_pump_r$1" 25) || wire_failed=1
+		echo "$line"
+		echo "$line" | awk -v r="$1" '/^links/ {printf "%s\tpump\t{\"min_gbps\":%s}\n", r, $NF}' \
+			>>"$out/wire.tsv"
+	}
 	for ((r = 1; r <= rounds; r++)); do
+		wire_pump "$r"
 		# alternate which goes first, so that a drift of the load favours neither
 		if [ $((r % 2)) = 1 ]; then
 			wire_kolo "$r"
@@ -263,9 +306,13 @@ wire)
 import collections, json, statistics, sys
 
 rows = collections.defaultdict(dict)  # (round, bytes) -> impl -> row
+ceil = {}  # round -> the TCP ring's slowest link, GB/s
 for line in open(sys.argv[1]):
     rnd, impl, js = line.rstrip("\n").split("\t", 2)
     j = json.loads(js)
+    if impl == "pump":
+        ceil[int(rnd)] = j["min_gbps"]
+        continue
     rows[(int(rnd), j["bytes"])][impl] = j
 rate, rounds = float(sys.argv[2]), int(sys.argv[3])
 link = rate * 1e6 / 8 / 1e9
@@ -274,8 +321,11 @@ sizes = sorted({b for (_, b) in rows})
 def mib(b):
     return "%g MiB" % (b / 2**20) if b >= 2**20 else "%d B" % b
 
-print("## wire: 4 hosts x 1 rank at %g Mbit/s (link %.4f GB/s); busbw GB/s (busbw/link)" % (rate, link))
-print("  %5s %9s %18s %18s %10s" % ("round", "size", "kolo", "Gloo ring_chunked", "kolo/Gloo"))
+print("## wire: 4 hosts x 1 rank at %g Mbit/s (link %.4f GB/s); busbw GB/s (busbw/link); "
+      "TCP ceiling: the ring pump's slowest link in that round" % (rate, link))
+print("  %5s %9s %18s %18s %10s %18s %10s" % ("round", "size", "kolo", "Gloo ring_chunked",
+                                               "kolo/Gloo", "TCP ceiling", "kolo/ceil"))
+kc = collections.defaultdict(list)  # bytes -> kolo / ceiling per round
 ratios = collections.defaultdict(list)
 bw = collections.defaultdict(list)
 bad = 0
@@ -293,16 +343,26 @@ for r in range(1, rounds + 1):
         if k and g and g["busbw_gbps"] > 0:
             ratios[b].append(k["busbw_gbps"] / g["busbw_gbps"])
             ratio = "%10.3f" % ratios[b][-1]
-        print("  %5d %9s %s %s %s" % (r, mib(b), cell(k), cell(g), ratio))
+        c, kcr = ceil.get(r), ""
+        if k and c:
+            kc[b].append(k["busbw_gbps"] / c)
+            kcr = "%10.3f" % kc[b][-1]
+        cc = "%8.4f (%5.3f)" % (c, c / link) if c else "%18s" % "-"
+        print("  %5d %9s %s %s %10s %s %s" % (r, mib(b), cell(k), cell(g), ratio, cc, kcr))
 print("## medians over %d round(s)" % rounds)
-print("  %9s %18s %18s %10s   %s" % ("size", "kolo", "Gloo ring_chunked", "kolo/Gloo", "per round"))
+print("  %9s %18s %18s %10s %10s   %s" % ("size", "kolo", "Gloo ring_chunked", "kolo/Gloo",
+                                         "kolo/ceil", "kolo/Gloo per round"))
 for b in sizes:
     k = statistics.median(bw[("kolo", b)]) if bw[("kolo", b)] else float("nan")
     g = statistics.median(bw[("gloo", b)]) if bw[("gloo", b)] else float("nan")
     rs = ratios[b]
-    print("  %9s %8.4f (%5.3f) %8.4f (%5.3f) %10s   %s" % (
+    print("  %9s %8.4f (%5.3f) %8.4f (%5.3f) %10s %10s   %s" % (
         mib(b), k, k / link, g, g / link, "%.3f" % statistics.median(rs) if rs else "-",
-        " ".join("%.3f" % x for x in rs)))
+        "%.3f" % statistics.median(kc[b]) if kc[b] else "-", " ".join("%.3f" % x for x in rs)))
+if ceil:
+    cs = [ceil[r] for r in sorted(ceil)]
+    print("## TCP ceiling (ring pump, slowest link) per round: %s GB/s = %s of the link" % (
+        " ".join("%.4f" % c for c in cs), " ".join("%.3f" % (c / link) for c in cs)))
 allr = [(x, b) for b in sizes for x in ratios[b]]
 if allr:
     lo = min(allr)
@@ -321,6 +381,16 @@ PY
 		exit 1
 	}
 	;;
+pump)
+	rate=${1:-1000} secs=${2:-25}
+	[ "$rate" -gt 0 ] && [ "$secs" -gt 0 ] || { echo "pump: RATE and SECONDS > 0" >&2; exit 2; }
+	peers_build pump
+	hosts 4 "$rate"
+	line=$(pump pump "$secs") || { echo "$line"; exit 1; }
+	echo "$line" | awk -v link="$(awk -v r="$rate" 'BEGIN {print r * 1e6 / 8 / 1e9}')" '
+		/^links/ {print; printf "## TCP ceiling at %s GB/s links: %.3f of the link (slowest)\n",
+			link, $NF / link; next} {print}'
+	;;
 job)
 	H=$1 L=$2 rate=$3
 	shift 3
@@ -328,7 +398,7 @@ job)
 	job custom "$H" "$L" "$@"
 	;;
 *)
-	sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 	;;
 esac
