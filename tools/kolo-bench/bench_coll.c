@@ -3,8 +3,8 @@
  *
  * Method, for each size: fill the buffers, run --warmup iterations, sync
  * the ranks, then time --iters back-to-back iterations, each timed on its
- * own. time_us is the mean per iteration and median_us the median, both the
- * maximum over the ranks. algbw = bytes / time_us; busbw = algbw times
+ * own. time_us is the mean per iteration, median_us the median and (JSON
+ * only) max_us the slowest, each the maximum over the ranks. algbw = bytes / time_us; busbw = algbw times
  * nccl-tests' factor (allreduce 2(n-1)/n; allgather, reducescatter, alltoall
  * (n-1)/n; broadcast 1). cpu_s is the process CPU time (user + system, every thread, from
  * getrusage) per iteration, averaged over the ranks; bus_gb_per_cpu_s is the
@@ -669,7 +669,7 @@ struct row {
 	uint64_t bytes;
 	size_t count;
 	int iters;
-	double time_s, median_s, cpu_s, wrong;
+	double time_s, median_s, max_s, cpu_s, wrong;
 };
 
 static void print_row(const struct bench *b, const struct row *r)
@@ -688,10 +688,10 @@ static void print_row(const struct bench *b, const struct row *r)
 		printf("{\"op\":\"%s\",\"bytes\":%" PRIu64 ",\"count\":%zu,\"dtype\":\"%s\","
 		       "\"ranks\":%d,\"time_us\":%.3f,\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f,"
 		       "\"wrong\":%s,\"median_us\":%.3f,\"iters\":%d,\"cpu_s\":%.6g,"
-		       "\"bus_gb_per_cpu_s\":%.4f,\"device\":\"%s\"",
+		       "\"bus_gb_per_cpu_s\":%.4f,\"device\":\"%s\",\"max_us\":%.3f",
 		       coll_names[o->coll], r->bytes, r->count, kolo_dtype_name(o->dtype), b->size,
 		       r->time_s * 1e6, algbw, busbw, wrong, r->median_s * 1e6, r->iters, r->cpu_s,
-		       per_cpu, o->device ? "cuda" : "cpu");
+		       per_cpu, o->device ? "cuda" : "cpu", r->max_s * 1e6);
 		if (o->coll == C_ALLREDUCE || o->coll == C_REDUCESCATTER)
 			printf(",\"redop\":\"%s\"", kolo_op_name(o->op));
 		if (o->coll == C_ALLREDUCE)
@@ -762,8 +762,9 @@ static int bench_size(struct bench *b, uint64_t req_bytes, int *any_wrong)
 		wrong = verify(b, &s);
 	}
 
-	double mx[2] = {elapsed / iters, median}, sum[2] = {cpu / iters, (double)wrong};
-	if ((st = kolo_allreduce(b->comm, mx, mx, 2, KOLO_FLOAT64, KOLO_MAX)) != KOLO_OK ||
+	double mx[3] = {elapsed / iters, median, b->times[iters - 1]},
+	       sum[2] = {cpu / iters, (double)wrong};
+	if ((st = kolo_allreduce(b->comm, mx, mx, 3, KOLO_FLOAT64, KOLO_MAX)) != KOLO_OK ||
 	    (st = kolo_allreduce(b->comm, sum, sum, 2, KOLO_FLOAT64, KOLO_SUM)) != KOLO_OK)
 		return fail_coll(b, "allreduce of the results", 16, st);
 	if (sum[1] > 0)
@@ -774,6 +775,7 @@ static int bench_size(struct bench *b, uint64_t req_bytes, int *any_wrong)
 		                .iters = iters,
 		                .time_s = mx[0],
 		                .median_s = mx[1],
+		                .max_s = mx[2],
 		                .cpu_s = sum[0] / b->size,
 		                .wrong = sum[1]};
 		print_row(b, &r);
