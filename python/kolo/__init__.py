@@ -164,6 +164,25 @@ def _torch_stream(t: Any) -> int:
     return int(torch.cuda.current_stream(t.device).cuda_stream)
 
 
+_EMPTY_DEVICE = {}  # device index -> a one-byte tensor whose pointer empty tensors lend
+
+
+def _empty_device_ptr(t: Any) -> int:
+    """A device pointer on ``t``'s device for an empty CUDA tensor, whose
+    ``data_ptr()`` is 0: libkolo tells device from host memory by the
+    pointer, so NULL would read as host memory and an async collective whose
+    other ranks pass device memory would fail as a mismatch. Nothing is read
+    or written through it (the count is 0). A module function so that tests
+    without CUDA can stand in."""
+    import torch
+
+    key = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    keep = _EMPTY_DEVICE.get(key)
+    if keep is None:
+        keep = _EMPTY_DEVICE[key] = torch.empty(1, dtype=torch.uint8, device=t.device)
+    return keep.data_ptr()
+
+
 def _cai_buffer(obj: Any, name: str) -> tuple:
     """(pointer, count, dtype, stream) of an object with
     ``__cuda_array_interface__`` (version 2 or 3)."""
@@ -224,6 +243,8 @@ def buffer(obj: Any, name: str = "tensor", reduce: Optional[str] = None) -> Buff
             raise ValueError(f"kolo: {name} is not contiguous (shape {tuple(t.shape)}, stride "
                              f"{t.stride()}); pass tensor.contiguous()")
         ptr, count = t.data_ptr(), t.numel()
+        if device is not None and count == 0 and ptr == 0:
+            ptr = _empty_device_ptr(t)
     elif hasattr(obj, "__cuda_array_interface__"):
         _require_cuda(name, "a CUDA device")
         ptr, count, dt, stream = _cai_buffer(obj, name)

@@ -37,7 +37,7 @@ from kolo import _lib  # noqa: E402
 from conftest import LIBRARY, results, run_worker  # noqa: E402
 
 HAVE_CUDA = torch.cuda.is_available()
-CUDA_CASES = 9  # what workers/cuda_ops.py reports per rank
+CUDA_CASES = 10  # what workers/cuda_ops.py reports per rank
 FAKE_CASES = 8  # what workers/cuda_fake.py reports per rank
 # The fake CUDA runtime of tests/gpu/fake, in the build folder of the libkolo
 # under test (<build>/lib/libkolo.so -> <build>/tests/gpu/fake/lib).
@@ -67,7 +67,7 @@ class StandinTensor:
         self.shape = array.shape
 
     def data_ptr(self):
-        return self.array.ctypes.data
+        return self.array.ctypes.data if self.array.size else 0  # as torch's empty tensors
 
     def numel(self):
         return self.array.size
@@ -194,6 +194,18 @@ def test_cuda_tensor_buffer(cuda_lib):
     b = kolo.buffer(StandinTensor(a, index=1), "grad")
     assert (b.ptr, b.count, b.dtype_name, b.device, b.stream) == (
         a.ctypes.data, 6, "float32", 1, 0x5001)
+
+
+def test_empty_cuda_tensor_lends_a_device_pointer(cuda_lib, monkeypatch):
+    # torch's empty CUDA tensors have data_ptr() 0, which libkolo would read as host memory.
+    lent = []
+    monkeypatch.setattr(kolo, "_empty_device_ptr", lambda t: lent.append(t.device.index) or 0x7000)
+    b = kolo.buffer(StandinTensor(numpy.zeros((0, 3), dtype=numpy.float32), index=1), "rows")
+    assert (b.ptr, b.count, b.nbytes, b.device, b.stream) == (0x7000, 0, 0, 1, 0x5001)
+    assert lent == [1]
+    a = numpy.arange(3, dtype=numpy.float32)  # a tensor with elements keeps its own pointer
+    assert kolo.buffer(StandinTensor(a, index=1), "rows").ptr == a.ctypes.data
+    assert lent == [1]
 
 
 def test_cuda_tensor_refused_without_the_data_path(monkeypatch):

@@ -88,6 +88,16 @@ def c_allgather():
         None if tuple(out.shape) == (sum(r + 1 for r in range(N)), 3) else f"shape {out.shape}")
 
 
+def c_allgather_empty():
+    # rank 0 has no rows: an empty tensor (data_ptr() 0 on CUDA) beside the others' rows
+    rows = 0 if R == 0 else R
+    t = dev(inp("age", R, n=3 * rows)).view(rows, 3)
+    out = hvd.allgather(t, name="c.age")
+    ref = np.concatenate([inp("age", r, n=3 * (0 if r == 0 else r)) for r in range(N)])
+    return same(out, ref, "allgather with an empty rank") or (
+        None if tuple(out.shape) == (sum(range(N)), 3) else f"shape {out.shape}")
+
+
 def c_broadcast():
     root = N - 1
     t = dev(inp("bc", R))
@@ -162,7 +172,7 @@ def c_ddp():
 cases = Cases()
 for name, fn in [("allreduce", c_allreduce), ("allreduce_ prescale", c_allreduce_inplace_prescale),
                  ("grouped_allreduce", c_grouped), ("allgather", c_allgather),
-                 ("broadcast", c_broadcast), ("alltoall", c_alltoall),
+                 ("allgather, one rank empty", c_allgather_empty), ("broadcast", c_broadcast), ("alltoall", c_alltoall),
                  ("reducescatter", c_reducescatter), ("stream order", c_stream_order),
                  ("ddp", c_ddp)]:
     cases.run(name, fn)
