@@ -4,11 +4,11 @@
  * Method, for each size: fill the buffers, run --warmup iterations, sync
  * the ranks, then time --iters back-to-back iterations, each timed on its
  * own. time_us is the mean per iteration, median_us the median and (JSON
- * only) max_us the slowest, each the maximum over the ranks. algbw = bytes / time_us; busbw = algbw times
- * nccl-tests' factor (allreduce 2(n-1)/n; allgather, reducescatter, alltoall
- * (n-1)/n; broadcast 1). cpu_s is the process CPU time (user + system, every thread, from
- * getrusage) per iteration, averaged over the ranks; bus_gb_per_cpu_s is the
- * bus bytes a rank sends (and receives) per CPU-second.
+ * only) max_us the slowest, each the maximum over the ranks. algbw = bytes / time_us; busbw = algbw
+ * times nccl-tests' factor (allreduce 2(n-1)/n; allgather, reducescatter, alltoall (n-1)/n;
+ * broadcast 1). cpu_s is the process CPU time (user + system, every thread, from getrusage) per
+ * iteration, averaged over the ranks; bus_gb_per_cpu_s is the bus bytes a rank sends (and receives)
+ * per CPU-second.
  *
  * With --check, the buffers are refilled and one more iteration runs; every
  * output element is compared with a float64 reference that each rank computes
