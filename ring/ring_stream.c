@@ -7,6 +7,17 @@
 
 #include "ring_internal.h"
 
+/* What a stream is, as its first message tells the right neighbour: both ends
+ * of a conn must run the same stream, or the segments they exchange would be
+ * of different blocks. Where segment lengths happen to agree (two counts, or
+ * a rank staging device memory chunk by chunk beside one ring call over host
+ * memory), the transport's length check cannot see the difference. */
+struct stream_desc {
+	uint64_t total; /* elements in all blocks */
+	uint64_t units; /* (nrs + nag) * nseg */
+	uint32_t dtype, op, nrs, nag;
+};
+
 /* A stream in motion. A unit is one segment of one step: unit u is segment
  * u % nseg of step u / nseg; there are (nrs + nag) * nseg of them, and each
  * counter below is a number of units. */
@@ -18,10 +29,13 @@ struct stream_run {
 	size_t units;    /* in the whole stream */
 	size_t segbytes; /* one scratch slot */
 	struct kolo_req *rreq[RING_RECV_WINDOW], *sreq[RING_SEND_WINDOW];
-	size_t done;    /* receives finished (and reduced) */
-	size_t rposted; /* receives posted */
-	size_t sposted; /* sends posted */
-	size_t sdone;   /* sends complete */
+	size_t done;                     /* receives finished (and reduced) */
+	size_t rposted;                  /* receives posted */
+	size_t sposted;                  /* sends posted */
+	size_t sdone;                    /* sends complete */
+	struct stream_desc mine, theirs; /* this rank's stream, and the left neighbour's */
+	struct kolo_req *dsend, *drecv;  /* their exchange, ahead of every segment */
+	bool checked;                    /* theirs arrived and matches mine */
 };
 
 static void seg_range(const struct ring_stream *s, int b, size_t k, size_t *off, size_t *len)
@@ -182,12 +196,43 @@ static void reduce_segment(struct stream_run *run)
 		kolo_scale(dst, dst, len, s->dtype, s->postscale);
 }
 
+/* Once the left neighbour's description has arrived, fails the comm unless it
+ * is this rank's: nothing it sent is reduced or stored before. */
+static kolo_status_t check_desc(struct stream_run *run, bool *progressed)
+{
+	struct kolo_ring_comm *rc = run->rc;
+	KOLO_CHECK(ring_poll_req(rc, &run->drecv, run->left_peer, "receiving from", progressed));
+	if (run->drecv)
+		return KOLO_OK;
+	const struct stream_desc *a = &run->theirs, *b = &run->mine;
+	if (a->total != b->total || a->units != b->units || a->dtype != b->dtype ||
+	    a->op != b->op || a->nrs != b->nrs || a->nag != b->nag)
+		return ring_fail(
+		        rc, KOLO_EMISMATCH,
+		        "rank %d runs this collective over %llu elements of %s (%llu "
+		        "segments in %u+%u steps, %s) where this rank has %llu of %s (%llu in "
+		        "%u+%u, %s): every rank must pass the same count, dtype and op, and "
+		        "the same kind of memory (host or device) to one blocking collective",
+		        ring_global_rank(rc, run->left_peer), (unsigned long long)a->total,
+		        kolo_dtype_name((kolo_dtype_t)a->dtype), (unsigned long long)a->units,
+		        a->nrs, a->nag, kolo_op_name((kolo_op_t)a->op),
+		        (unsigned long long)b->total, kolo_dtype_name((kolo_dtype_t)b->dtype),
+		        (unsigned long long)b->units, b->nrs, b->nag,
+		        kolo_op_name((kolo_op_t)b->op));
+	run->checked = true;
+	return KOLO_OK;
+}
+
 /* Tests the oldest receive; once it is complete, reduces it (RS steps) and
  * counts it done. */
 static kolo_status_t finish_recv(struct stream_run *run, bool *progressed)
 {
 	const struct ring_stream *s = run->s;
 	const size_t K = s->nseg;
+	if (!run->checked)
+		KOLO_CHECK(check_desc(run, progressed));
+	if (!run->checked)
+		return KOLO_OK;
 	/* With rotating buffers, RS step t overwrites the block of step
 	 * t - 2, which step t - 1 sends: that send must be complete. */
 	bool hold = s->rot[0] && run->done / K >= 1 && run->sdone <= run->done - K;
@@ -298,12 +343,31 @@ static kolo_status_t run_init(struct stream_run *run, struct kolo_ring_comm *rc,
 		KOLO_CHECK(ring_scratch_reserve(rc, RING_RECV_WINDOW * KOLO_MAX(run->segbytes, 1)));
 	run->left = rc->conns[run->left_peer];
 	run->right = rc->conns[run->right_peer];
+	size_t total = 0;
+	for (int i = 0; i < n; i++)
+		total += s->blen[i];
+	run->mine = (struct stream_desc){.total = total,
+	                                 .units = run->units,
+	                                 .dtype = (uint32_t)s->dtype,
+	                                 .op = s->nrs > 0 ? (uint32_t)s->op : 0,
+	                                 .nrs = (uint32_t)s->nrs,
+	                                 .nag = (uint32_t)s->nag};
+	/* Posted before any segment: each conn delivers in order. */
+	kolo_status_t st = kolo_irecv(run->left, &run->theirs, sizeof(run->theirs), &run->drecv);
+	if (st != KOLO_OK)
+		return ring_peer_fail(rc, st, run->left_peer, "receiving from");
+	st = kolo_isend(run->right, &run->mine, sizeof(run->mine), &run->dsend);
+	if (st != KOLO_OK)
+		return ring_peer_fail(rc, st, run->right_peer, "sending to");
 	return KOLO_OK;
 }
 
 /* One polling pass; *progressed when a request completed. */
 static kolo_status_t run_pass(struct stream_run *run, bool *progressed)
 {
+	if (run->dsend)
+		KOLO_CHECK(ring_poll_req(run->rc, &run->dsend, run->right_peer, "sending to",
+		                         progressed));
 	KOLO_CHECK(post_recvs(run));
 	KOLO_CHECK(post_sends(run));
 	KOLO_CHECK(finish_recv(run, progressed));
@@ -313,7 +377,7 @@ static kolo_status_t run_pass(struct stream_run *run, bool *progressed)
 
 static bool run_finished(const struct stream_run *run)
 {
-	return run->done >= run->units && run->sdone >= run->units;
+	return run->checked && !run->dsend && run->done >= run->units && run->sdone >= run->units;
 }
 
 /* After a timeout, the peer this run waits for. */

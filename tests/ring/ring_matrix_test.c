@@ -979,6 +979,67 @@ START_TEST(test_silent_peer)
 }
 END_TEST
 
+/* Rank 0 passes half the count of the others (or, in the second form, runs
+ * two allreduces of half where they run one: what a rank staging device
+ * memory chunk by chunk does beside ranks with host memory). With 4 KiB
+ * segments every message is 4 KiB on every rank, so only the streams'
+ * descriptions can tell. Ranks 0 and 1, whose left neighbours differ from
+ * them, are the ones that can see it: whichever checks first fails with
+ * KOLO_EMISMATCH naming that neighbour and closes its conns, so the other
+ * may see the closed conn first. Every rank returns an error, none waits out
+ * the timeout, and none returns a result. */
+static atomic_int mismatch_seen;
+
+static void mismatch_body(struct world *w, int rank, struct kolo_ring_comm *rc)
+{
+	const bool chunked = *(const bool *)w->arg;
+	const size_t full = 4 * 4096; /* floats: 4 blocks of 4 segments of 4 KiB */
+	float *buf = calloc(full, sizeof(float));
+	if (!buf) {
+		world_fail(w, "rank %d: out of memory", rank);
+		return;
+	}
+	uint64_t t0 = kolo_now_ms();
+	kolo_status_t st;
+	if (rank == 0) {
+		st = kolo_ring_allreduce(rc, buf, buf, full / 2, KOLO_FLOAT32, KOLO_SUM, 1, 1);
+		if (chunked && st == KOLO_OK)
+			st = kolo_ring_allreduce(rc, buf + full / 2, buf + full / 2, full / 2,
+			                         KOLO_FLOAT32, KOLO_SUM, 1, 1);
+	} else {
+		st = kolo_ring_allreduce(rc, buf, buf, full, KOLO_FLOAT32, KOLO_SUM, 1, 1);
+	}
+	uint64_t ms = kolo_now_ms() - t0;
+	const char *err = kolo_ring_last_error(rc);
+	if (st == KOLO_OK)
+		world_fail(w, "rank %d: the allreduce succeeded", rank);
+	if (st == KOLO_EMISMATCH) {
+		char want[32];
+		snprintf(want, sizeof(want), "rank %d runs", rank == 0 ? 3 : 0);
+		if (rank > 1 || !strstr(err, want) || !strstr(err, "elements"))
+			world_fail(w, "rank %d: %s", rank, err);
+		atomic_fetch_add(&mismatch_seen, 1);
+	}
+	if (ms > 4000)
+		world_fail(w, "rank %d: took %llu ms to fail", rank, (unsigned long long)ms);
+	free(buf);
+}
+
+START_TEST(test_count_mismatch)
+{
+	static bool chunked;
+	chunked = _i == 1;
+	struct world w;
+	struct kolo_ring_config cfg = base_cfg();
+	cfg.timeout_ms = 10000;
+	world_init(&w, 4, &cfg);
+	atomic_store(&mismatch_seen, 0);
+	int failures = world_run(&w, mismatch_body, &chunked);
+	ck_assert_msg(failures == 0, "%d failures; first: %s", failures, w.first_failure);
+	ck_assert_msg(atomic_load(&mismatch_seen) >= 1, "no rank reported KOLO_EMISMATCH");
+}
+END_TEST
+
 static Suite *ring_matrix_suite(void)
 {
 	Suite *s = suite_create("ring_matrix");
@@ -1008,6 +1069,7 @@ static Suite *ring_matrix_suite(void)
 	tcase_add_test(tc, test_abort);
 	tcase_add_test(tc, test_abort_midway);
 	tcase_add_test(tc, test_silent_peer);
+	tcase_add_loop_test(tc, test_count_mismatch, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }
