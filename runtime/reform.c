@@ -231,9 +231,15 @@ static kolo_status_t next_round(struct kolo_comm *comm, int64_t after, int old_r
  * the address each published). After a partition that cut this worker off,
  * joining at once would have it admitted at the next commit point, cut off
  * again by the first collective across the cut, and evicted again: a re-form
- * of the whole job each time. KOLO_OK also when it cannot tell (no round, an
- * address not published yet); KOLO_ESHUTDOWN on SIGTERM, KOLO_ETIMEDOUT at
- * end_ms. One KV read and one TCP connect per member and check. */
+ * of the whole job each time. The round that evicted this worker is often so
+ * new that its members have not published their addresses yet: each address
+ * is waited for, up to MEMBERS_PUBLISH_MS for all of one check together
+ * (without the wait, an unpublished round read as "every member answers" and
+ * the worker joined across the cut). KOLO_OK also when it cannot tell (no
+ * round, an address still not published); KOLO_ESHUTDOWN on SIGTERM,
+ * KOLO_ETIMEDOUT at end_ms. One KV read and one TCP connect per member and
+ * check. */
+#define MEMBERS_PUBLISH_MS 2000
 static kolo_status_t wait_members_answer(struct kolo_comm *comm, uint64_t end_ms)
 {
 	bool told = false;
@@ -242,12 +248,15 @@ static kolo_status_t wait_members_answer(struct kolo_comm *comm, uint64_t end_ms
 		int size = 0, silent = -1;
 		if (kolo_rdzv_job_round(comm->rdzv, &round, &size) != KOLO_OK)
 			return KOLO_OK;
+		uint64_t publish_end = kolo_now_ms() + MEMBERS_PUBLISH_MS;
 		for (int r = 0; r < size && silent < 0; r++) {
 			char key[64];
 			snprintf(key, sizeof(key), "addr/%" PRId64 "/%d", round, r);
 			void *data = NULL;
 			size_t len = 0;
-			if (kolo_rdzv_kv_get(comm->rdzv, key, 0, &data, &len) != KOLO_OK)
+			uint64_t now = kolo_now_ms();
+			int wait_ms = now < publish_end ? (int)(publish_end - now) : 0;
+			if (kolo_rdzv_kv_get(comm->rdzv, key, wait_ms, &data, &len) != KOLO_OK)
 				continue;
 			struct kolo_transport_handle h, net;
 			if (len == sizeof(h)) {
