@@ -31,6 +31,14 @@
 #define RING_RECV_WINDOW 4 /* receives in flight, and scratch segments of a reduction */
 #define RING_SEND_WINDOW 4 /* sends in flight in a pipelined pass */
 
+/* What a pipelined stream is, as its first message tells the right neighbour
+ * (ring_stream.c): both ends of a conn must run the same stream. */
+struct ring_stream_desc {
+	uint64_t total; /* elements in all blocks */
+	uint64_t units; /* (nrs + nag) * nseg */
+	uint32_t dtype, op, nrs, nag;
+};
+
 struct kolo_ring_comm {
 	struct kolo_ring_config cfg;
 	struct kolo_transport *t;
@@ -49,6 +57,10 @@ struct kolo_ring_comm {
 	int tag;                     /* transport tag of every conn of this comm */
 	struct kolo_ring_hier *hier; /* hierarchical allreduce; NULL when not enabled */
 	uint64_t spin_ns;            /* the spin of ring_idle now (adaptive, ring_wait.c) */
+	/* The running stream's description, sent [0] and received [1]
+	 * (ring_stream.c). Here rather than in the run: a failed run can be
+	 * freed while its receive is still posted, until its comm fails too. */
+	struct ring_stream_desc stream_desc[2];
 };
 
 /* The transport's (global) rank of member i. */
