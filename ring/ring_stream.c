@@ -7,13 +7,6 @@
 
 #include "ring_internal.h"
 
-/* A stream's description (struct ring_stream_desc) goes ahead of its
- * segments: both ends of a conn must run the same stream, or the segments they
- * exchange would be of different blocks. Where segment lengths happen to
- * agree (two counts, or a rank staging device memory chunk by chunk beside one
- * ring call over host memory), the transport's length check cannot see the
- * difference. */
-
 /* A stream in motion. A unit is one segment of one step: unit u is segment
  * u % nseg of step u / nseg; there are (nrs + nag) * nseg of them, and each
  * counter below is a number of units. */
@@ -25,13 +18,12 @@ struct stream_run {
 	size_t units;    /* in the whole stream */
 	size_t segbytes; /* one scratch slot */
 	struct kolo_req *rreq[RING_RECV_WINDOW], *sreq[RING_SEND_WINDOW];
-	size_t done;                            /* receives finished (and reduced) */
-	size_t rposted;                         /* receives posted */
-	size_t sposted;                         /* sends posted */
-	size_t sdone;                           /* sends complete */
-	struct ring_stream_desc *mine, *theirs; /* this rank's stream, and the left neighbour's */
-	struct kolo_req *dsend, *drecv;         /* their exchange, ahead of every segment */
-	bool checked;                           /* theirs arrived and matches mine */
+	size_t done;                    /* receives finished (and reduced) */
+	size_t rposted;                 /* receives posted */
+	size_t sposted;                 /* sends posted */
+	size_t sdone;                   /* sends complete */
+	struct kolo_req *dsend, *drecv; /* rc->stream_desc's exchange, ahead of every segment */
+	bool checked;                   /* the left neighbour's arrived and matches ours */
 };
 
 static void seg_range(const struct ring_stream *s, int b, size_t k, size_t *off, size_t *len)
@@ -200,7 +192,7 @@ static kolo_status_t check_desc(struct stream_run *run, bool *progressed)
 	KOLO_CHECK(ring_poll_req(rc, &run->drecv, run->left_peer, "receiving from", progressed));
 	if (run->drecv)
 		return KOLO_OK;
-	const struct ring_stream_desc *a = run->theirs, *b = run->mine;
+	const struct ring_stream_desc *a = &rc->stream_desc[1], *b = &rc->stream_desc[0];
 	if (a->total != b->total || a->units != b->units || a->dtype != b->dtype ||
 	    a->op != b->op || a->nrs != b->nrs || a->nag != b->nag)
 		return ring_fail(
@@ -342,19 +334,18 @@ static kolo_status_t run_init(struct stream_run *run, struct kolo_ring_comm *rc,
 	size_t total = 0;
 	for (int i = 0; i < n; i++)
 		total += s->blen[i];
-	run->mine = &rc->stream_desc[0];
-	run->theirs = &rc->stream_desc[1];
-	*run->mine = (struct ring_stream_desc){.total = total,
-	                                       .units = run->units,
-	                                       .dtype = (uint32_t)s->dtype,
-	                                       .op = s->nrs > 0 ? (uint32_t)s->op : 0,
-	                                       .nrs = (uint32_t)s->nrs,
-	                                       .nag = (uint32_t)s->nag};
+	rc->stream_desc[0] = (struct ring_stream_desc){.total = total,
+	                                               .units = run->units,
+	                                               .dtype = (uint32_t)s->dtype,
+	                                               .op = s->nrs > 0 ? (uint32_t)s->op : 0,
+	                                               .nrs = (uint32_t)s->nrs,
+	                                               .nag = (uint32_t)s->nag};
 	/* Posted before any segment: each conn delivers in order. */
-	kolo_status_t st = kolo_irecv(run->left, run->theirs, sizeof(*run->theirs), &run->drecv);
+	kolo_status_t st =
+	        kolo_irecv(run->left, &rc->stream_desc[1], sizeof(rc->stream_desc[1]), &run->drecv);
 	if (st != KOLO_OK)
 		return ring_peer_fail(rc, st, run->left_peer, "receiving from");
-	st = kolo_isend(run->right, run->mine, sizeof(*run->mine), &run->dsend);
+	st = kolo_isend(run->right, &rc->stream_desc[0], sizeof(rc->stream_desc[0]), &run->dsend);
 	if (st != KOLO_OK)
 		return ring_peer_fail(rc, st, run->right_peer, "sending to");
 	return KOLO_OK;
