@@ -222,7 +222,12 @@ static char *leave_path(struct kolo_rdzv_client *c, struct rdzv_client_req *q)
 	return rdzv_client_worker_path(c, q, "");
 }
 
-kolo_status_t kolo_rdzv_leave(struct kolo_rdzv_client *c)
+static char *finish_path(struct kolo_rdzv_client *c, struct rdzv_client_req *q)
+{
+	return rdzv_client_worker_path(c, q, "?finished=1");
+}
+
+static kolo_status_t leave(struct kolo_rdzv_client *c, bool finished)
 {
 	if (!rdzv_client_is_joined(c))
 		return KOLO_OK;
@@ -230,12 +235,14 @@ kolo_status_t kolo_rdzv_leave(struct kolo_rdzv_client *c)
 	CURL *h = rdzv_client_handle_get(c);
 	if (!h)
 		return kolo_fail(&c->err, KOLO_ENOMEM, "curl_easy_init failed");
-	/* A leave after the server forgot us is a success: no re-registration. */
+	/* A leave after the server forgot us, or after the job finished, is a
+	 * success: no re-registration. */
 	struct rdzv_client_req q = {.method = "DELETE", .timeout_ms = RDZV_CLIENT_SHORT_REQ_MS};
 	struct rdzv_client_resp r = {0};
 	char etext[256];
-	kolo_status_t st = rdzv_client_request(c, h, &q, &r, &c->err, leave_path);
-	if (st == KOLO_EMEMBERSHIP)
+	kolo_status_t st =
+	        rdzv_client_request(c, h, &q, &r, &c->err, finished ? finish_path : leave_path);
+	if (st == KOLO_EMEMBERSHIP || st == KOLO_ESHUTDOWN)
 		st = KOLO_OK;
 	else if (st == KOLO_OK && r.code != 204 && r.code != 200 && r.code != 404)
 		st = kolo_fail(&c->err, KOLO_EPROTO, "leave: HTTP %ld: %s", r.code,
@@ -244,11 +251,22 @@ kolo_status_t kolo_rdzv_leave(struct kolo_rdzv_client *c)
 		pthread_mutex_lock(&c->lock);
 		c->joined = false;
 		pthread_mutex_unlock(&c->lock);
-		KOLO_DEBUG(RDZV_CLIENT_SUB, "worker %s left", c->worker_id);
+		KOLO_DEBUG(RDZV_CLIENT_SUB, "worker %s left%s", c->worker_id,
+		           finished ? " (training complete)" : "");
 	}
 	rdzv_client_resp_fini(&r);
 	rdzv_client_handle_put(c, h);
 	return st;
+}
+
+kolo_status_t kolo_rdzv_leave(struct kolo_rdzv_client *c)
+{
+	return leave(c, false);
+}
+
+kolo_status_t kolo_rdzv_finish(struct kolo_rdzv_client *c)
+{
+	return leave(c, true);
 }
 
 char *rdzv_client_worker_path(struct kolo_rdzv_client *c, struct rdzv_client_req *q,

@@ -234,8 +234,14 @@ static enum verdict judge(struct kolo_rdzv_client *c, const struct rdzv_client_r
 				          c->url, etext);
 				return V_REREG;
 			}
-			*st = kolo_fail(eb, KOLO_EMEMBERSHIP, "rendezvous %s: %s %s: %s", c->url,
-			                q->method, q->path, etext);
+			/* A member completed its training: the job is over, and
+			 * this worker leaves it as if it had been asked to. */
+			if (strncmp(etext, "job finished", 12) == 0)
+				*st = kolo_fail(eb, KOLO_ESHUTDOWN, "%s (rendezvous %s)", etext,
+				                c->url);
+			else
+				*st = kolo_fail(eb, KOLO_EMEMBERSHIP, "rendezvous %s: %s %s: %s",
+				                c->url, q->method, q->path, etext);
 			return V_DONE;
 		}
 		if (r->code < 500) {

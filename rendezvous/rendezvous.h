@@ -170,6 +170,10 @@ kolo_status_t kolo_rdzv_rejoin(struct kolo_rdzv_client *c);
 void kolo_rdzv_set_cancel(struct kolo_rdzv_client *c, bool (*fn)(void *arg), void *arg);
 /* DELETE /workers/{id}. */
 kolo_status_t kolo_rdzv_leave(struct kolo_rdzv_client *c);
+/* DELETE /workers/{id}?finished=1: this worker's training is complete, so
+ * the job is: no round forms any more, and the workers still waiting to join
+ * it fail with KOLO_ESHUTDOWN ("job finished: ...") instead of waiting. */
+kolo_status_t kolo_rdzv_finish(struct kolo_rdzv_client *c);
 /* POST /failures. */
 kolo_status_t kolo_rdzv_report_failure(struct kolo_rdzv_client *c, int64_t round, int rank);
 /* PUT /kv/{key}; len ≤ KOLO_RDZV_MAX_BODY. */

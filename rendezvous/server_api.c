@@ -101,6 +101,8 @@ struct rdzv_reply rdzv_api_join(struct kolo_rdzv_server *s, struct rdzv_req *r,
 	struct rdzv_job *j = rdzv_job_get(&s->st, c->rt.job, true, now);
 	if (!j)
 		return rdzv_reply_error(503, "too many jobs or out of memory");
+	if (!rdzv_job_admits_join(&s->st, j, now))
+		return rdzv_reply_error(410, "%s", j->finished_text);
 	bool retry;
 	struct rdzv_worker *w = rdzv_job_join(&s->st, j, &jr, now, &retry);
 	if (!w)
@@ -129,9 +131,15 @@ struct rdzv_reply rdzv_api_leave(struct kolo_rdzv_server *s, struct rdzv_req *r,
                                  const struct rdzv_call *c, uint64_t now)
 {
 	(void)r;
+	if (!c->query_ok)
+		return rdzv_reply_error(400, "finished must be 0 or 1");
 	struct rdzv_job *j = rdzv_job_get(&s->st, c->rt.job, false, now);
 	struct rdzv_worker *w = j ? kolo_strmap_get(&j->workers, c->rt.id) : NULL;
-	if (w) {
+	if (w && c->finished) {
+		rdzv_job_finish(&s->st, j, w, now);
+	} else if (w) {
+		if (j->finished)
+			j->finished_ms = now;
 		rdzv_job_drop(j, w, "left", false);
 		rdzv_job_tick(&s->st, j, now);
 		rdzv_timer_poke(s, rdzv_job_settle_deadline(j));
@@ -171,6 +179,8 @@ struct rdzv_reply rdzv_api_assignment(struct kolo_rdzv_server *s, struct rdzv_re
 	struct rdzv_worker *w = rdzv_job_find_worker(j, c->rt.job, c->rt.id, msg, sizeof(msg));
 	if (!w)
 		return rdzv_reply_error(410, "%s", msg);
+	if (j->finished)
+		return rdzv_reply_error(410, "%s", j->finished_text);
 	int64_t after = c->after_round;
 	w->lease_deadline = now + (uint64_t)s->st.cfg.lease_ms;
 	if (!rdzv_job_assignment_ready(j, w, after) && w->rank >= 0 && after >= j->round &&

@@ -198,6 +198,8 @@ static void call_prepare(const struct rdzv_req *r, const struct rdzv_route *rt, 
 		c->query_ok = query_int(r->conn, "after_round", 0, 0, INT64_MAX, &c->after_round) &&
 		              query_int(r->conn, "timeout_ms", RDZV_POLL_DEFAULT_MS, 0,
 		                        RDZV_POLL_MAX_MS, &c->timeout_ms);
+	else if (rt->ep == RDZV_EP_WORKER)
+		c->query_ok = query_int(r->conn, "finished", 0, 0, 1, &c->finished);
 	else if (rt->ep == RDZV_EP_KV && !put)
 		c->query_ok =
 		        query_int(r->conn, "timeout_ms", 0, 0, RDZV_POLL_MAX_MS, &c->timeout_ms);

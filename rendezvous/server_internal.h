@@ -95,6 +95,13 @@ struct rdzv_job {
 	uint64_t last_active_ms;         /* the last request that named the job */
 	struct kolo_strmap kv;           /* key -> struct rdzv_kv_val */
 	struct rdzv_req *waiters;        /* long polls of this job */
+	/* A member left saying its training is complete: no round forms any
+	 * more, and every worker still registered is told so (410 "job
+	 * finished: ..."). Lifted by a join once no worker is left and
+	 * lease_ms passed since the last one went (a new run of the job). */
+	bool finished;
+	uint64_t finished_ms; /* the finish, or the last worker dropped since */
+	char finished_text[2 * KOLO_RDZV_ID_MAX + KOLO_RDZV_HOST_MAX + 96];
 };
 
 /* Everything rounds and the KV store need; embedded in the server. */
@@ -136,6 +143,14 @@ struct rdzv_worker *rdzv_job_find_worker(struct rdzv_job *j, const char *job_nam
 /* Removes a worker: answers its long polls with 410, frees its rank,
  * remembers why. evicted: not a graceful leave. Does not tick. */
 void rdzv_job_drop(struct rdzv_job *j, struct rdzv_worker *w, const char *why, bool evicted);
+/* w leaves with its training complete: the job is finished (see struct
+ * rdzv_job); w and every worker that holds no rank are dropped, their polls
+ * answered 410 "job finished: ...". Ticks. */
+void rdzv_job_finish(struct rdzv_state *st, struct rdzv_job *j, struct rdzv_worker *w,
+                     uint64_t now);
+/* A join to a finished job: false while the job stays finished (the 410
+ * text is j->finished_text); true when it was lifted or was not set. */
+bool rdzv_job_admits_join(struct rdzv_state *st, struct rdzv_job *j, uint64_t now);
 /* A failure report for (round, rank); true when it changed the job. */
 bool rdzv_job_report_failure(struct rdzv_state *st, struct rdzv_job *j, int64_t round, int rank,
                              uint64_t now);
@@ -149,7 +164,7 @@ uint64_t rdzv_job_log_waiting(struct rdzv_job *j, uint64_t now);
 uint64_t rdzv_job_retain_deadline(const struct rdzv_state *st, const struct rdzv_job *j);
 /* Forgets every job idle for job_retain_ms (configuration, KV, evictions). */
 void rdzv_job_sweep(struct rdzv_state *st, uint64_t now);
-/* "running" or "waiting", as the status document says. */
+/* "running", "waiting" or "finished", as the status document says. */
 const char *rdzv_job_state_word(const struct rdzv_job *j);
 
 /* ---- the KV store (server_kv.c) ------------------------------------------ */
@@ -225,6 +240,7 @@ struct rdzv_call {
 	size_t len;
 	bool query_ok; /* the query arguments below parsed and were in range */
 	int64_t after_round, timeout_ms;
+	int64_t finished; /* a leave: 1 when the worker's training is complete */
 };
 
 enum rdzv_wait_kind { RDZV_WAIT_NONE, RDZV_WAIT_ASSIGN, RDZV_WAIT_KV };
@@ -267,6 +283,8 @@ void rdzv_wait_wake(struct rdzv_req *r, struct rdzv_reply rep);
 void rdzv_wait_wake_assignments(struct rdzv_job *j);
 /* Answers w's assignment polls with 410 and msg. */
 void rdzv_wait_evict(struct rdzv_job *j, const struct rdzv_worker *w, const char *msg);
+/* Answers every assignment poll of a finished job with 410 and its text. */
+void rdzv_wait_finish_all(struct rdzv_job *j);
 /* Answers the polls of j waiting for key with its value. */
 void rdzv_wait_wake_kv(struct rdzv_job *j, const char *key, const struct rdzv_kv_val *v);
 /* Answers the polls past their deadline and, when check_sockets, drops

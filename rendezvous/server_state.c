@@ -44,6 +44,8 @@ static bool job_has_round(const struct rdzv_job *j)
 
 const char *rdzv_job_state_word(const struct rdzv_job *j)
 {
+	if (j->finished)
+		return "finished";
 	return job_has_round(j) ? "running" : "waiting";
 }
 
@@ -241,7 +243,7 @@ static bool settle_due(const struct rdzv_job *j, uint64_t now)
 bool rdzv_job_pending_change(const struct rdzv_job *j)
 {
 	int waiting = j->n_workers - j->n_members;
-	return job_has_round(j) && waiting > 0 &&
+	return !j->finished && job_has_round(j) && waiting > 0 &&
 	       (j->cfg.max_np == 0 || j->n_members < j->cfg.max_np);
 }
 
@@ -295,6 +297,15 @@ static void tick_broken(struct rdzv_state *st, struct rdzv_job *j, uint64_t now)
 
 void rdzv_job_tick(struct rdzv_state *st, struct rdzv_job *j, uint64_t now)
 {
+	if (j->finished) {
+		/* The members left are finishing too: no round forms. */
+		if (j->state == RDZV_JOB_BROKEN) {
+			forget_dropped(j);
+			clear_membership(j);
+			job_enter(j, RDZV_JOB_WAITING, "finished");
+		}
+		return;
+	}
 	switch (j->state) {
 	case RDZV_JOB_BROKEN:
 		tick_broken(st, j, now);
@@ -316,6 +327,8 @@ void rdzv_job_tick(struct rdzv_state *st, struct rdzv_job *j, uint64_t now)
 
 uint64_t rdzv_job_settle_deadline(const struct rdzv_job *j)
 {
+	if (j->finished)
+		return UINT64_MAX;
 	bool want = (!job_has_round(j) && enough_workers(j)) ||
 	            (rdzv_job_pending_change(j) && members_at_commit(j));
 	uint64_t d = want ? j->last_join_ms + (uint64_t)j->cfg.settle_ms : UINT64_MAX;
@@ -355,7 +368,7 @@ void rdzv_job_drop(struct rdzv_job *j, struct rdzv_worker *w, const char *why, b
 {
 	char msg[160];
 	snprintf(msg, sizeof(msg), "evicted: %s", why);
-	rdzv_wait_evict(j, w, msg);
+	rdzv_wait_evict(j, w, j->finished ? j->finished_text : msg);
 	if (w->rank >= 0 && w->rank < j->n_ranks && j->by_rank[w->rank] == w) {
 		j->by_rank[w->rank] = NULL;
 		j->n_members--;
@@ -407,6 +420,8 @@ uint64_t rdzv_job_expire_leases(struct rdzv_job *j, uint64_t now)
 			if (w->n_polls > 0)
 				continue;
 			if (w->lease_deadline <= now) {
+				if (j->finished)
+					j->finished_ms = now;
 				rdzv_job_drop(j, w, "lease expired", true);
 				again = true; /* the map changed under us */
 				break;
@@ -559,10 +574,54 @@ struct rdzv_worker *rdzv_job_find_worker(struct rdzv_job *j, const char *job_nam
 	struct rdzv_worker *w = j ? kolo_strmap_get(&j->workers, id) : NULL;
 	if (w)
 		return w;
+	if (j && j->finished) {
+		snprintf(msg, size, "%s", j->finished_text);
+		return NULL;
+	}
 	const char *why = j ? kolo_strmap_get(&j->evicted, id) : NULL;
 	if (why)
 		snprintf(msg, size, "evicted: worker %s of job %s (%s)", id, job_name, why);
 	else
 		snprintf(msg, size, "unknown worker %s in job %s; register again", id, job_name);
 	return NULL;
+}
+
+void rdzv_job_finish(struct rdzv_state *st, struct rdzv_job *j, struct rdzv_worker *w, uint64_t now)
+{
+	if (!j->finished) {
+		j->finished = true;
+		snprintf(j->finished_text, sizeof(j->finished_text),
+		         "job finished: worker %s@%s (rank %d of round %" PRId64
+		         ") completed its training",
+		         w->id, w->host, w->rank, j->round);
+		int waiting = j->n_workers - j->n_members;
+		KOLO_INFO(RDZV_SUB,
+		          "job %s finished: worker %s@%s (rank %d of round %" PRId64
+		          ") completed its training; no round forms any more%s",
+		          j->name, w->id, w->host, w->rank, j->round,
+		          waiting > 0 ? ", and the workers waiting to join are told so" : "");
+	}
+	j->finished_ms = now;
+	rdzv_job_drop(j, w, "finished", false);
+	/* Workers without a rank would wait for a round that never comes. */
+	int n;
+	struct rdzv_worker **v = rdzv_job_waiting_workers(j, &n);
+	for (int i = 0; v && i < n; i++)
+		rdzv_job_drop(j, v[i], "job finished", false);
+	free(v);
+	rdzv_wait_finish_all(j);
+	rdzv_job_tick(st, j, now);
+}
+
+bool rdzv_job_admits_join(struct rdzv_state *st, struct rdzv_job *j, uint64_t now)
+{
+	if (!j->finished)
+		return true;
+	if (j->n_workers > 0 || now < j->finished_ms + (uint64_t)st->cfg.lease_ms)
+		return false;
+	KOLO_INFO(RDZV_SUB, "job %s: a join %d ms after it finished starts it again", j->name,
+	          (int)(now - j->finished_ms));
+	j->finished = false;
+	j->finished_text[0] = '\0';
+	return true;
 }

@@ -258,6 +258,53 @@ START_TEST(idle_jobs_forgotten)
 }
 END_TEST
 
+/* A member that completes its training finishes the job: the workers
+ * waiting to join are dropped with "job finished", no round forms when the
+ * other members leave, and joins are refused until lease_ms after the last
+ * worker went, when the job can run again. */
+START_TEST(finished_job_forms_no_round)
+{
+	state_setup(1, 3, 100000, 1000);
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
+	struct rdzv_worker *a = join_at(j, "h", 0);
+	struct rdzv_worker *b = join_at(j, "h", 0);
+	struct rdzv_worker *c = join_at(j, "h", 0); /* max_np: the round forms */
+	struct rdzv_worker *d = join_at(j, "h", 0);
+	ck_assert_int_eq(j->round, 1);
+	ck_assert_int_eq(j->n_members, 3);
+	ck_assert_int_eq(d->rank, -1);
+	char d_id[KOLO_RDZV_ID_MAX];
+	snprintf(d_id, sizeof(d_id), "%s", d->id);
+	rdzv_job_finish(&st, j, a, 100);
+	ck_assert(j->finished);
+	ck_assert_str_eq(rdzv_job_state_word(j), "finished");
+	ck_assert_int_eq(j->n_workers, 2); /* b and c: still finishing */
+	ck_assert_int_eq(j->round, 1);
+	char msg[400];
+	ck_assert_ptr_null(rdzv_job_find_worker(j, "job", d_id, msg, sizeof(msg)));
+	ck_assert_msg(strncmp(msg, "job finished: worker ", 21) == 0, "%s", msg);
+	ck_assert_ptr_nonnull(strstr(msg, "completed its training"));
+	ck_assert_uint_eq(rdzv_job_settle_deadline(j), UINT64_MAX);
+	/* A member leaves: c alone (min_np is 1) forms no round. */
+	rdzv_job_drop(j, b, "left", false);
+	rdzv_job_tick(&st, j, 150);
+	ck_assert_int_eq(j->round, 1);
+	ck_assert_str_eq(rdzv_job_state_word(j), "finished");
+	ck_assert(!rdzv_job_assignment_ready(j, c, 0));
+	rdzv_job_drop(j, c, "left", false);
+	rdzv_job_tick(&st, j, 160);
+	ck_assert_int_eq(j->n_workers, 0);
+	/* A late spare is refused; a run lease_ms later starts afresh. */
+	ck_assert(!rdzv_job_admits_join(&st, j, 1099));
+	ck_assert(rdzv_job_admits_join(&st, j, 1100));
+	ck_assert(!j->finished);
+	for (int i = 0; i < 3; i++)
+		join_at(j, "h", 1100);
+	ck_assert_int_eq(j->round, 2);
+	ck_assert_str_eq(rdzv_job_state_word(j), "running");
+}
+END_TEST
+
 static Suite *server_state_suite(void)
 {
 	Suite *s = suite_create("server_state");
@@ -270,6 +317,7 @@ static Suite *server_state_suite(void)
 	tcase_add_test(tc, graceful_leaves_are_counted_apart);
 	tcase_add_test(tc, restored_round_from_claims);
 	tcase_add_test(tc, idle_jobs_forgotten);
+	tcase_add_test(tc, finished_job_forms_no_round);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -86,6 +86,15 @@ void rdzv_wait_evict(struct rdzv_job *j, const struct rdzv_worker *w, const char
 	}
 }
 
+void rdzv_wait_finish_all(struct rdzv_job *j)
+{
+	for (struct rdzv_req *r = j->waiters, *nx; r; r = nx) {
+		nx = r->wnext;
+		if (r->wkind == RDZV_WAIT_ASSIGN)
+			wake_error(r, 410, j->finished_text);
+	}
+}
+
 void rdzv_wait_wake_kv(struct rdzv_job *j, const char *key, const struct rdzv_kv_val *v)
 {
 	for (struct rdzv_req *r = j->waiters, *nx; r; r = nx) {

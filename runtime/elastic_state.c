@@ -102,7 +102,8 @@ KOLO_API kolo_status_t kolo_state_restore(kolo_state_t *s)
 
 KOLO_API bool kolo_state_left(const kolo_state_t *s)
 {
-	return s && s->left;
+	/* The comm's flag: a job that finished while kolo_reform() waited. */
+	return s && (s->left || s->comm->left);
 }
 
 KOLO_API kolo_status_t kolo_state_sync(kolo_state_t *s)
@@ -161,6 +162,12 @@ KOLO_API kolo_status_t kolo_state_commit(kolo_state_t *s)
 	                      flags[0] ? "workers wait to join" : "a worker leaves");
 }
 
+KOLO_API void kolo_elastic_done(kolo_comm_t *comm)
+{
+	if (comm)
+		comm->done = true;
+}
+
 KOLO_API kolo_status_t kolo_elastic_run(kolo_comm_t *comm, kolo_state_t *s, kolo_train_fn fn,
                                         void *arg)
 {
@@ -172,8 +179,10 @@ KOLO_API kolo_status_t kolo_elastic_run(kolo_comm_t *comm, kolo_state_t *s, kolo
 		kolo_status_t st = s->left ? KOLO_EMEMBERSHIP : kolo_state_sync(s);
 		if (st == KOLO_OK)
 			st = fn(comm, s, arg);
-		if (st == KOLO_OK)
+		if (st == KOLO_OK) {
+			comm->done = true;
 			return KOLO_OK;
+		}
 		if (s->left)
 			return KOLO_ESHUTDOWN;
 		if (!comm->elastic || !kolo_runtime_membership_failure(st))

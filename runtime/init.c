@@ -355,7 +355,10 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 kolo_status_t kolo_runtime_init_fail(struct kolo_comm *comm, kolo_status_t st)
 {
 	snprintf(init_error, sizeof(init_error), "%s", comm->err.msg);
-	KOLO_ERROR(SUBSYS, "kolo_init failed: %s: %s", kolo_strerror(st), init_error);
+	if (st == KOLO_ESHUTDOWN) /* the job finished before this worker was in a round */
+		KOLO_INFO(SUBSYS, "kolo_init: %s", init_error);
+	else
+		KOLO_ERROR(SUBSYS, "kolo_init failed: %s: %s", kolo_strerror(st), init_error);
 	/* Leave so that the others form their round without us at once (not
 	 * when the server is unreachable: that would only wait again). */
 	if (comm->rdzv && st != KOLO_ERENDEZVOUS && st != KOLO_EAUTH)
@@ -418,8 +421,12 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	int timeout = (int)KOLO_MIN(kolo_param_int(KOLO_P_INIT_TIMEOUT_MS), INT32_MAX);
 	if ((st = kolo_rdzv_wait_assignment(comm->rdzv, 0, timeout, &comm->assignment)) !=
 	    KOLO_OK) {
-		kolo_comm_fail(comm, st, "waiting for a round of job %s at %s: %s", cc.job, url,
-		               kolo_rdzv_client_error(comm->rdzv));
+		if (st == KOLO_ESHUTDOWN)
+			kolo_comm_fail(comm, st, "job %s ended before this worker got a rank: %s",
+			               cc.job, kolo_rdzv_client_error(comm->rdzv));
+		else
+			kolo_comm_fail(comm, st, "waiting for a round of job %s at %s: %s", cc.job,
+			               url, kolo_rdzv_client_error(comm->rdzv));
 		return kolo_runtime_init_fail(comm, st);
 	}
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
@@ -597,7 +604,12 @@ KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm)
 	uint64_t leave_by = kolo_now_ms() + FIN_FAILED_MS;
 	if (failed && comm->rdzv)
 		kolo_rdzv_set_cancel(comm->rdzv, past_deadline, &leave_by);
-	kolo_status_t st = comm->rdzv ? kolo_rdzv_leave(comm->rdzv) : KOLO_OK;
+	/* A worker whose training completed ends the job for the workers
+	 * still waiting to join it (kolo_elastic_done). */
+	kolo_status_t st = KOLO_OK;
+	if (comm->rdzv)
+		st = comm->done && !failed ? kolo_rdzv_finish(comm->rdzv)
+		                           : kolo_rdzv_leave(comm->rdzv);
 	if (failed && comm->rdzv)
 		kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
 	if (st != KOLO_OK)

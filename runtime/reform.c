@@ -325,6 +325,14 @@ KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm)
 	kolo_rdzv_set_cancel(comm->rdzv, leave_wanted, NULL);
 	kolo_status_t st = reform(comm);
 	kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
+	if (st == KOLO_ESHUTDOWN && !kolo_elastic_leave_requested()) {
+		/* A member completed the training while this worker waited:
+		 * the job is over, and this worker is out of it. */
+		KOLO_INFO(SUBSYS, "%s", comm->err.msg);
+		kolo_elastic_left(comm->elastic);
+		comm->left = true;
+		return st;
+	}
 	if (st == KOLO_OK || !kolo_elastic_leave_requested())
 		return st;
 	kolo_runtime_elastic_leave_job(comm, "SIGTERM while re-forming");

@@ -44,7 +44,8 @@ struct kolo_comm {
 	int64_t announced_round; /* the round whose end this rank announced */
 	int resets;              /* re-forms done */
 	int rejoins;             /* times this process joined again after an eviction */
-	bool left;               /* left the job (SIGTERM while re-forming) */
+	bool left;               /* left the job (SIGTERM while re-forming, or it finished) */
+	bool done;               /* training complete: kolo_finalize finishes the job */
 	uint64_t reform_ns[4];   /* last reform: start, torn down, assigned, connected */
 	bool metrics;            /* holds a reference on the metrics server */
 	/* Device collectives (device.c): NULL until the first; device_lock

@@ -437,6 +437,10 @@ int main(int argc, char **argv)
 	int rc = EXIT_KOLO;
 
 	kolo_status_t st = kolo_init(&comm);
+	if (st == KOLO_ESHUTDOWN) { /* the job finished before this worker got a rank */
+		printf("kolo-elastic-mlp: %s; nothing to do\n", kolo_init_error());
+		return 0;
+	}
 	if (st != KOLO_OK) {
 		fprintf(stderr, "kolo-elastic-mlp: kolo_init: %s: %s\n", kolo_strerror(st),
 		        kolo_init_error());

@@ -39,7 +39,8 @@ KOLO_API bool kolo_elastic_enabled(const kolo_comm_t *comm);
  * collective on the same comm. KOLO_ETIMEDOUT (with a message naming min-np)
  * when no round including this worker formed in time. KOLO_ESHUTDOWN when
  * SIGTERM (or kolo_elastic_leave) came while it waited: the worker has then
- * left the job, within about a second of the signal. */
+ * left the job, within about a second of the signal; also when the job
+ * finished while it waited (another worker's kolo_elastic_done). */
 KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm);
 
 /* A new, empty state bound to comm. Returns KOLO_ENOMEM / KOLO_EINVAL. */
@@ -64,7 +65,8 @@ KOLO_API kolo_status_t kolo_state_restore(kolo_state_t *state);
 /* Broadcasts every registered buffer from rank 0 and commits the result. */
 KOLO_API kolo_status_t kolo_state_sync(kolo_state_t *state);
 /* true after this worker left the job at a commit point (SIGTERM or
- * kolo_elastic_leave()); it should then finalize and exit 0. */
+ * kolo_elastic_leave()), or the job finished while it waited in
+ * kolo_reform(); it should then finalize and exit 0. */
 KOLO_API bool kolo_state_left(const kolo_state_t *state);
 
 /* Asks this worker to leave the job at its next commit point, as SIGTERM
@@ -86,6 +88,13 @@ typedef kolo_status_t (*kolo_train_fn)(kolo_comm_t *comm, kolo_state_t *state, v
  * (detail in kolo_last_error()). */
 KOLO_API kolo_status_t kolo_elastic_run(kolo_comm_t *comm, kolo_state_t *state, kolo_train_fn fn,
                                         void *arg);
+/* Says that this worker's training is complete (kolo_elastic_run says so
+ * itself when fn returns KOLO_OK): its kolo_finalize() then tells the
+ * rendezvous that the job finished. No round forms after that, and workers
+ * still waiting to join the job (spares beyond max-np, evicted workers) end
+ * their wait with KOLO_ESHUTDOWN and should exit 0. Not for a worker that
+ * stops early on its own: the whole job ends with it. */
+KOLO_API void kolo_elastic_done(kolo_comm_t *comm);
 /* Re-forms this comm has done since kolo_init(). */
 KOLO_API int kolo_elastic_resets(const kolo_comm_t *comm);
 

@@ -94,7 +94,9 @@ typedef struct kolo_comm kolo_comm_t;
 /* Joins the job described by the environment (KOLO_RENDEZVOUS, KOLO_JOB,
  * KOLO_TOKEN, ...; see `kolo-info --params`), waits for an assignment and
  * connects to the peers. Blocks up to KOLO_INIT_TIMEOUT_MS. On failure *comm
- * is NULL and the reason is logged and available from kolo_init_error(). */
+ * is NULL and the reason is logged and available from kolo_init_error().
+ * KOLO_ESHUTDOWN: the job finished (a member's training completed, see
+ * kolo_elastic_done) before this worker got a rank; it should exit 0. */
 KOLO_API kolo_status_t kolo_init(kolo_comm_t **comm);
 /* The message of the last failed kolo_init() in this thread. */
 KOLO_API const char *kolo_init_error(void);

@@ -326,6 +326,12 @@ def init() -> None:
         else:
             ptr = _lib.c_comm_p()
             st = lib.kolo_init(ctypes.byref(ptr))
+            if st == _S["ESHUTDOWN"]:
+                # The job finished (a member's training completed) while
+                # this worker waited for a rank: nothing is left to do.
+                print(f"kolo: {_lib.text(lib.kolo_init_error())}; exiting with status 0",
+                      file=sys.stderr, flush=True)
+                raise SystemExit(0)
             if st != 0:
                 raise _error(st, "kolo_init: " + _lib.text(lib.kolo_init_error()))
             _comm = _Comm(ptr.value, False)
@@ -880,6 +886,16 @@ def elastic_resets() -> int:
     return _int("kolo_elastic_resets")
 
 
+def elastic_done() -> None:
+    """Says that this worker's training is complete: its :func:`finalize`
+    then tells the rendezvous that the job finished, so that workers still
+    waiting to join it exit 0 instead of waiting (the elastic loop of
+    kolo.torch calls it when the training function returns)."""
+    c = _comm
+    if c is not None:
+        _lib_().kolo_elastic_done(c.ptr)
+
+
 class Commit:
     """kolo's commit point without registered buffers: :meth:`check` is the
     one small allreduce that tells whether a join or a leave is pending.
@@ -926,5 +942,5 @@ __all__ = [
     "grouped_allreduce_async", "allgather_async", "broadcast_async", "alltoall_async",
     "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
     "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",
-    "elastic_leave", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
+    "elastic_leave", "elastic_done", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
 ]

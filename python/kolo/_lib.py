@@ -171,6 +171,7 @@ PROTOTYPES = {
     "kolo_elastic_leave": (None, []),
     "kolo_elastic_run": (c_status, [c_comm_p, c_state_p, c_train_fn, c_void_p]),
     "kolo_elastic_resets": (c_int, [c_comm_p]),
+    "kolo_elastic_done": (None, [c_comm_p]),
     # bootstrap.h
     "kolo_bootstrap_create": (c_status, [P(BootstrapConfig), P(c_bootstrap_p)]),
     "kolo_bootstrap_host": (c_char_p, [c_bootstrap_p]),

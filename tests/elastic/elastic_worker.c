@@ -264,6 +264,10 @@ int main(int argc, char **argv)
 		return 1;
 	kolo_comm_t *comm = NULL;
 	kolo_status_t st = kolo_init(&comm);
+	if (st == KOLO_ESHUTDOWN) { /* the job finished before this worker got a rank */
+		printf("elastic_worker: %s\n", kolo_init_error());
+		return 0;
+	}
 	if (st != KOLO_OK) {
 		fprintf(stderr, "kolo_init: %s: %s\n", kolo_strerror(st), kolo_init_error());
 		return 3;

@@ -176,3 +176,33 @@ def test_sigkill_then_join(server, tmp_path):  # noqa: F811 (the fixture)
     print(f"\nkilled pid {victim} after step {at}; " +
           "; ".join(m.group(0) for m in shrink + [joined] + grow) +
           f"; final test acc {acc:.4f} (evaluated here {mine:.4f}); sha256 {hashes[0][1]}")
+
+
+def test_spare_exits_when_the_job_finishes():
+    """kolorun -np 3 with --max-np 2 (the embedded rendezvous): two workers
+    train, the third waits as a spare for a place. When the training
+    function returns, the job is finished: the spare is told so, exits 0
+    without ever training, and kolorun exits 0 (before, the spare waited
+    for a round that never came, and kolorun with it)."""
+    job = Run(3, ["--min-np", "2", "--max-np", "2"], ["--epochs", "4", "--target", "0.5"])
+    try:
+        rc = job.finish()
+    except BaseException:
+        job.kill()
+        raise
+    try:
+        assert rc == 0, f"exit status {rc}"
+        out, err = job.text(), "".join(job.err)
+        told = [line for line in err.splitlines()
+                if "ended before this worker got a rank: job finished: worker" in line and
+                "exiting with status 0" in line]
+        assert len(told) == 1, told
+        starts = re.findall(rf"{NAME}: rank (\d+) of (\d+): training from step 0", out)
+        assert sorted(starts) == [("0", "2"), ("1", "2")], starts
+        hashes = re.findall(rf"{NAME}: rank (\d+): parameters sha256 ([0-9a-f]{{16}})", out)
+        assert sorted(int(r) for r, _ in hashes) == [0, 1], hashes
+        assert len(set(h for _, h in hashes)) == 1, hashes
+        assert "parameters bitwise identical on all 2 ranks" in out
+    except AssertionError as e:
+        job.fail(f"check failed: {e}")
+    print(f"\n{told[0].strip()}")

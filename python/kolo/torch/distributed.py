@@ -1228,7 +1228,9 @@ def elastic_run(train: Callable[..., Any], state: ElasticState, *args: Any,
                     dist.get_rank(), dist.get_world_size(), 1000 * (time.monotonic() - since[0]),
                     since[1])
                 since = None
-            return train(state, *args, **kwargs)
+            result = train(state, *args, **kwargs)
+            kolo.elastic_done()
+            return result
         except _Reform:
             restore = False
             log.info("kolo: elastic DDP: a worker joins or leaves; re-forming")

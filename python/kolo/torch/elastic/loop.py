@@ -127,7 +127,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 state.sync()
                 state.save()
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
+                kolo.elastic_done()
+                return result
             except kolo.Error as e:
                 if not kolo.elastic_enabled() or not _membership_failure(e):
                     raise
@@ -147,8 +149,8 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                      else "restored the last commit, re-forming")
             try:
                 kolo.reform()
-            except kolo.ShutdownError:
-                _leave("this worker left the job while re-forming (SIGTERM)")
+            except kolo.ShutdownError as e:
+                _leave(f"this worker left the job while re-forming ({e})")
             # The old round's handles are void: forget them (their buffers
             # are released once kolo is done with them).
             clear = getattr(_mpi_ops, "_clear_handles", None)
