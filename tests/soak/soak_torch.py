@@ -13,7 +13,8 @@ at random moments, one at a time, for --seconds:
   join        one more worker, by a second `kolorun -np 1` (while fewer
               than 4 are live), at random after the events that lose one
 
-Then the training runs to its end (its last epochs undisturbed) and the run
+Then the training runs to its end, undisturbed (40 epochs outlast 40 s of
+events), and the run
 is checked, not on the program's word alone:
 
 - every kolorun ended within --finish-s; a kolorun ends 0 unless one of its
@@ -248,7 +249,7 @@ def main():
     p.add_argument("--bin", default=os.environ.get("KOLO_BIN", os.path.join(REPO, "build", "bin")),
                    help="folder with kolorun and kolo-rendezvous (default $KOLO_BIN or build/bin)")
     p.add_argument("--python", default="/usr/bin/python3", help="the interpreter with torch")
-    p.add_argument("--epochs", type=int, default=20, help="the example's epochs (default 20)")
+    p.add_argument("--epochs", type=int, default=40, help="the example's epochs (default 40)")
     p.add_argument("--slow-ms", type=float, default=60,
                    help="the example's delay per step, so that it outlasts the events (default 60)")
     p.add_argument("--hang-s", type=float, default=40,
