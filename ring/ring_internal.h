@@ -31,16 +31,19 @@
 #define RING_RECV_WINDOW 4 /* receives in flight, and scratch segments of a reduction */
 #define RING_SEND_WINDOW 4 /* sends in flight in a pipelined pass */
 
-/* What a pipelined stream is, as its first message tells the right neighbour
- * (ring_stream.c): both ends of a conn must run the same stream, or the
+/* What a pipelined stream (ring_stream.c) or broadcast chain
+ * (ring_broadcast.c) is, as its first message tells the right neighbour:
+ * both ends of a conn must run the same stream, or the
  * segments they exchange would be of different blocks. Where segment lengths
  * happen to agree (two counts, or a rank staging device memory chunk by chunk
  * beside one ring call over host memory), the transport's length check cannot
  * see the difference. */
 struct ring_stream_desc {
 	uint64_t total; /* elements in all blocks */
-	uint64_t units; /* (nrs + nag) * nseg */
-	uint32_t dtype, op, nrs, nag;
+	uint64_t units; /* (nrs + nag) * nseg; a chain's segments */
+	uint32_t dtype;
+	uint32_t op; /* the reduction; a chain's root */
+	uint32_t nrs, nag;
 };
 
 struct kolo_ring_comm {

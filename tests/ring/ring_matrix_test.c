@@ -1040,6 +1040,50 @@ START_TEST(test_count_mismatch)
 }
 END_TEST
 
+/* Rank 2 broadcasts half the count of the others, in segments of the same
+ * length: without the chain's description it took the first half as its
+ * result and returned KOLO_OK, and the rest stayed in its conn. */
+static atomic_int bcast_mismatch_seen;
+
+static void bcast_mismatch_body(struct world *w, int rank, struct kolo_ring_comm *rc)
+{
+	const size_t full = 4 * 4096; /* floats: 16 segments of 4 KiB */
+	float *buf = calloc(full, sizeof(float));
+	if (!buf) {
+		world_fail(w, "rank %d: out of memory", rank);
+		return;
+	}
+	uint64_t t0 = kolo_now_ms();
+	kolo_status_t st =
+	        kolo_ring_broadcast(rc, buf, rank == 2 ? full / 2 : full, KOLO_FLOAT32, 0);
+	uint64_t ms = kolo_now_ms() - t0;
+	const char *err = kolo_ring_last_error(rc);
+	if (rank >= 2 && st == KOLO_OK)
+		world_fail(w, "rank %d: the broadcast succeeded", rank);
+	if (rank == 2 &&
+	    (st != KOLO_EMISMATCH || !strstr(err, "rank 1 broadcasts 16384 elements") ||
+	     !strstr(err, "this rank has 8192")))
+		world_fail(w, "rank 2: %s: %s", kolo_status_name(st), err);
+	if (st == KOLO_EMISMATCH)
+		atomic_fetch_add(&bcast_mismatch_seen, 1);
+	if (ms > 4000)
+		world_fail(w, "rank %d: took %llu ms to fail", rank, (unsigned long long)ms);
+	free(buf);
+}
+
+START_TEST(test_broadcast_count_mismatch)
+{
+	struct world w;
+	struct kolo_ring_config cfg = base_cfg();
+	cfg.timeout_ms = 10000;
+	world_init(&w, 4, &cfg);
+	atomic_store(&bcast_mismatch_seen, 0);
+	int failures = world_run(&w, bcast_mismatch_body, NULL);
+	ck_assert_msg(failures == 0, "%d failures; first: %s", failures, w.first_failure);
+	ck_assert_int_ge(atomic_load(&bcast_mismatch_seen), 1);
+}
+END_TEST
+
 static Suite *ring_matrix_suite(void)
 {
 	Suite *s = suite_create("ring_matrix");
@@ -1070,6 +1114,7 @@ static Suite *ring_matrix_suite(void)
 	tcase_add_test(tc, test_abort_midway);
 	tcase_add_test(tc, test_silent_peer);
 	tcase_add_loop_test(tc, test_count_mismatch, 0, 2);
+	tcase_add_test(tc, test_broadcast_count_mismatch);
 	suite_add_tcase(s, tc);
 	return s;
 }
