@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -113,6 +114,40 @@ static void conn_unlink(struct shm_transport *t, struct shm_conn *c)
 
 /* ---- data movement ---- */
 
+/* A message on the rings is its length (8 bytes, host order: both ends are on
+ * this host), then its bytes. The receiver checks the length against its
+ * receive before it stores any byte, as the TCP transport does: ranks that
+ * disagree about a count fail with KOLO_EPROTO instead of reading each
+ * other's messages out of step. r->moved counts both parts. The length and
+ * the bytes are published together, and consumed together, so that the
+ * length costs no extra wake-up of a sleeping peer. */
+#define SHM_HDR sizeof(uint64_t)
+
+static size_t send_some(struct shm_conn *c, struct kolo_req *r)
+{
+	if (r->moved < SHM_HDR)
+		return shm_ring_writev(c, (const uint8_t *)&r->hdr + r->moved, SHM_HDR - r->moved,
+		                       r->buf, r->len);
+	return shm_ring_write(c, r->buf + (r->moved - SHM_HDR), SHM_HDR + r->len - r->moved);
+}
+
+/* Reads what the rings hold of r's message; *bad when its length, complete
+ * now, is not the receive's (nothing of it was stored). */
+static size_t recv_some(struct shm_conn *c, struct kolo_req *r, bool *bad)
+{
+	if (r->moved >= SHM_HDR)
+		return shm_ring_read(c, r->buf + (r->moved - SHM_HDR), SHM_HDR + r->len - r->moved);
+	size_t need = SHM_HDR - r->moved;
+	size_t got = shm_ring_peek(c, (uint8_t *)&r->hdr + r->moved, need);
+	if (got < need) /* a length cut by a full ring: take its part */
+		return shm_ring_readv(c, got, NULL, 0);
+	if (r->hdr != r->len) {
+		*bad = true;
+		return got;
+	}
+	return shm_ring_readv(c, need, r->buf, r->len);
+}
+
 /* Moves as many bytes as the rings allow. Returns true when anything moved. */
 static bool conn_progress(struct shm_conn *c)
 {
@@ -127,12 +162,11 @@ static bool conn_progress(struct shm_conn *c)
 			return moved;
 		}
 		size_t n;
-		while (r->moved < r->len &&
-		       (n = shm_ring_write(c, r->buf + r->moved, r->len - r->moved)) > 0) {
+		while (r->moved < SHM_HDR + r->len && (n = send_some(c, r)) > 0) {
 			r->moved += n;
 			moved = true;
 		}
-		if (r->moved < r->len)
+		if (r->moved < SHM_HDR + r->len)
 			break;
 		r->done = true;
 		moved = true;
@@ -141,12 +175,21 @@ static bool conn_progress(struct shm_conn *c)
 		if (r->done)
 			continue;
 		size_t n;
-		while (r->moved < r->len &&
-		       (n = shm_ring_read(c, r->buf + r->moved, r->len - r->moved)) > 0) {
-			r->moved += n;
+		bool bad = false;
+		while (r->moved < SHM_HDR + r->len && (n = recv_some(c, r, &bad)) > 0) {
 			moved = true;
+			if (bad) {
+				shm_conn_fail(
+				        c, KOLO_EPROTO,
+				        "the peer sent %llu bytes as one message; the matching "
+				        "receive expects %zu (do the ranks pass the same count "
+				        "and dtype to this collective?)",
+				        (unsigned long long)r->hdr, r->len);
+				return moved;
+			}
+			r->moved += n;
 		}
-		if (r->moved < r->len) {
+		if (r->moved < SHM_HDR + r->len) {
 			if (c->peer_closed) {
 				shm_conn_fail(c, KOLO_EPEER, "peer closed the connection");
 				return moved;
@@ -257,13 +300,7 @@ static kolo_status_t post(struct kolo_conn *base, void *buf, size_t len, bool se
 	r->send = send;
 	r->buf = buf;
 	r->len = len;
-	if (len == 0) {
-		/* The rings carry a byte stream; a zero-length message must still
-		 * synchronise (a barrier is made of them), so it travels as one
-		 * byte on both sides (lengths match by contract). */
-		r->buf = &r->zero;
-		r->len = 1;
-	}
+	r->hdr = len; /* a send's length header; a receive's is read into it */
 	if (!conn_pending(c))
 		c->progress++; /* the deadline counts from now */
 	list_push(send ? &c->sends : &c->recvs, r);

@@ -56,7 +56,7 @@ struct kolo_req {
 	struct shm_conn *c;
 	bool send;
 	bool done;
-	uint8_t zero; /* the byte that stands for a zero-length message */
+	uint64_t hdr; /* the message's length as it crosses the rings (shm_conn.c) */
 	uint8_t *buf;
 	size_t len, moved;
 	struct kolo_req *prev, *next; /* in the conn's list for this direction; next: free list */
@@ -131,6 +131,14 @@ kolo_status_t shm_ring_map(struct shm_conn *c, int memfd, size_t ring_bytes, boo
  * publish step); wake the peer when it sleeps. Return the bytes moved. */
 size_t shm_ring_write(struct shm_conn *c, const uint8_t *src, size_t len);
 size_t shm_ring_read(struct shm_conn *c, uint8_t *dst, size_t len);
+/* The same for a..alen then b..blen, published at once (a may be empty). */
+size_t shm_ring_writev(struct shm_conn *c, const uint8_t *a, size_t alen, const uint8_t *b,
+                       size_t blen);
+/* Consumes skip bytes (already peeked), then reads up to len into dst, at
+ * once; returns all it consumed. */
+size_t shm_ring_readv(struct shm_conn *c, size_t skip, uint8_t *dst, size_t len);
+/* Copies up to len bytes of the rx ring without consuming them. */
+size_t shm_ring_peek(struct shm_conn *c, uint8_t *dst, size_t len);
 
 /* ---- the handshake (shm_handshake.c) ---- */
 

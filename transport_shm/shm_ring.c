@@ -58,39 +58,73 @@ static void wake_peer(struct shm_conn *c)
 	(void)n; /* a full socket buffer already holds a wake-up */
 }
 
-size_t shm_ring_write(struct shm_conn *c, const uint8_t *src, size_t len)
+/* Copies n bytes in at ring offset pos (wrapping). */
+static void copy_in(struct shm_conn *c, uint64_t pos, const uint8_t *src, size_t n)
+{
+	size_t off = (size_t)(pos % c->ring_bytes), first = KOLO_MIN(n, c->ring_bytes - off);
+	memcpy(c->txdata + off, src, first);
+	memcpy(c->txdata, src + first, n - first);
+}
+
+/* Copies n bytes out from ring offset pos (wrapping). */
+static void copy_out(const struct shm_conn *c, uint64_t pos, uint8_t *dst, size_t n)
+{
+	size_t off = (size_t)(pos % c->ring_bytes), first = KOLO_MIN(n, c->ring_bytes - off);
+	memcpy(dst, c->rxdata + off, first);
+	memcpy(dst + first, c->rxdata, n - first);
+}
+
+size_t shm_ring_writev(struct shm_conn *c, const uint8_t *a, size_t alen, const uint8_t *b,
+                       size_t blen)
 {
 	uint64_t head = atomic_load_explicit(&c->tx->head, memory_order_relaxed);
 	uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
 	size_t space = c->ring_bytes - (size_t)(head - tail);
-	size_t n = KOLO_MIN(space, len);
-	n = KOLO_MIN(n, (size_t)PUBLISH_BYTES);
+	size_t n = KOLO_MIN(KOLO_MIN(space, alen + blen), (size_t)PUBLISH_BYTES);
 	if (n == 0)
 		return 0;
-	size_t off = (size_t)(head % c->ring_bytes);
-	size_t first = KOLO_MIN(n, c->ring_bytes - off);
-	memcpy(c->txdata + off, src, first);
-	memcpy(c->txdata, src + first, n - first);
+	size_t na = KOLO_MIN(n, alen);
+	if (na)
+		copy_in(c, head, a, na);
+	if (n > na)
+		copy_in(c, head + na, b, n - na);
 	atomic_store_explicit(&c->tx->head, head + n, memory_order_seq_cst);
 	if (atomic_load_explicit(&c->tx->consumer_waiting, memory_order_seq_cst))
 		wake_peer(c);
 	return n;
 }
 
-size_t shm_ring_read(struct shm_conn *c, uint8_t *dst, size_t len)
+size_t shm_ring_write(struct shm_conn *c, const uint8_t *src, size_t len)
+{
+	return shm_ring_writev(c, NULL, 0, src, len);
+}
+
+size_t shm_ring_peek(struct shm_conn *c, uint8_t *dst, size_t len)
 {
 	uint64_t tail = atomic_load_explicit(&c->rx->tail, memory_order_relaxed);
 	uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_acquire);
 	size_t n = KOLO_MIN((size_t)(head - tail), len);
-	n = KOLO_MIN(n, (size_t)PUBLISH_BYTES);
+	if (n)
+		copy_out(c, tail, dst, n);
+	return n;
+}
+
+size_t shm_ring_readv(struct shm_conn *c, size_t skip, uint8_t *dst, size_t len)
+{
+	uint64_t tail = atomic_load_explicit(&c->rx->tail, memory_order_relaxed);
+	uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_acquire);
+	size_t n = KOLO_MIN(KOLO_MIN((size_t)(head - tail), skip + len), (size_t)PUBLISH_BYTES);
 	if (n == 0)
 		return 0;
-	size_t off = (size_t)(tail % c->ring_bytes);
-	size_t first = KOLO_MIN(n, c->ring_bytes - off);
-	memcpy(dst, c->rxdata + off, first);
-	memcpy(dst + first, c->rxdata, n - first);
+	if (n > skip)
+		copy_out(c, tail + skip, dst, n - skip);
 	atomic_store_explicit(&c->rx->tail, tail + n, memory_order_seq_cst);
 	if (atomic_load_explicit(&c->rx->producer_waiting, memory_order_seq_cst))
 		wake_peer(c);
 	return n;
+}
+
+size_t shm_ring_read(struct shm_conn *c, uint8_t *dst, size_t len)
+{
+	return shm_ring_readv(c, 0, dst, len);
 }

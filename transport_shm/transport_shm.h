@@ -7,7 +7,8 @@
  * the memory when the last process holding the mapping exits. The socket
  * stays open for the conn's life: it carries wake-ups (one byte, only when the
  * other side sleeps) and reports a dead peer at once (EOF/POLLHUP). Messages
- * cross the ring with one copy in and one copy out; no system call is made
+ * cross the ring with one copy in and one copy out, each behind its 8-byte
+ * length, which the receiver checks (shm_conn.c); no system call is made
  * while both sides are busy. Abstract sockets live in the network namespace,
  * so two ranks share memory only when they share a host in that sense too. */
 #ifndef KOLO_TRANSPORT_SHM_H

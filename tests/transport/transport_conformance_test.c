@@ -236,7 +236,8 @@ START_TEST(zero_length_synchronises)
 END_TEST
 
 /* A receive of the wrong length is a protocol error, not silent corruption.
- * (The contract makes equal lengths the caller's duty; TCP checks it.) */
+ * (The contract makes equal lengths the caller's duty; every transport checks
+ * it.) */
 START_TEST(length_mismatch)
 {
 	struct tt_pair p;
@@ -546,7 +547,7 @@ static Suite *conformance_suite(void)
 	tcase_add_loop_test(tc, many_outstanding, 0, ncombos);
 	tcase_add_loop_test(tc, irecv_after_arrival, 0, ncombos);
 	tcase_add_loop_test(tc, zero_length_synchronises, 0, ncombos);
-	tcase_add_loop_test(tc, length_mismatch, 0, 2); /* TCP only: combos 0 and 1 */
+	tcase_add_loop_test(tc, length_mismatch, 0, ncombos);
 	tcase_add_loop_test(tc, abort_wakes_wait, 0, n);
 	tcase_add_loop_test(tc, close_fails_peer, 0, ncombos);
 	tcase_add_loop_test(tc, close_releases_pending, 0, n);
