@@ -75,6 +75,7 @@ import datetime
 import functools
 import gc
 import hashlib
+import inspect
 import itertools
 import json
 import logging
@@ -103,7 +104,10 @@ BACKEND = "kolo"
 SCHEME = "kolo"
 
 _DEFAULT_TIMEOUT = _c10d.default_pg_timeout
-_C10D_FILE = _c10d.all_reduce.__code__.co_filename  # the string its frames carry
+# The file whose frames call a group's methods: torch >= 2.1 wraps every
+# public collective (c10d_logger._exception_logger), so the wrapper's own
+# code names another file; unwrap to the function that calls the group.
+_C10D_FILE = inspect.unwrap(_c10d.all_reduce).__code__.co_filename
 
 # Python halves of the trampoline objects (stores, groups) stay referenced
 # here: once only C++ holds one, pybind11 lets its Python half go and a call
@@ -516,6 +520,9 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return self._issue("allgather_base", [output],
                            lambda n: self._gather_flat(t, n, out), finish)
 
+    # torch >= 2.13 calls all_gather_into_tensor's backend entry by this name.
+    all_gather_single = _allgather_base
+
     def allgather_coalesced(self, output_lists: List[List[torch.Tensor]],
                             input_list: List[torch.Tensor], opts: Any = None) -> Any:
         ins = [_flat(x, f"all_gather_coalesced input {i}") for i, x in enumerate(input_list)]
@@ -571,6 +578,9 @@ class ProcessGroupKolo(dist.ProcessGroup):
         send = _flat(input, "reduce_scatter_tensor input")
         return self._issue("reduce_scatter_base", [output],
                            self._reduce_scatter_flat(send, out, op, "reduce_scatter_tensor"))
+
+    # torch >= 2.13 calls reduce_scatter_tensor's backend entry by this name.
+    reduce_scatter_single = _reduce_scatter_base
 
     def _alltoall(self, send: torch.Tensor, splits: List[int], recv_counts: List[int],
                   out: Optional[torch.Tensor], what: str) -> tuple:
@@ -1068,7 +1078,11 @@ def new_group(ranks: Optional[Sequence[int]] = None, *args: Any, **kwargs: Any) 
 
 def _register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True)
+        if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+            dist.Backend.register_backend(BACKEND, _create, extended_api=True,
+                                          devices=["cpu", "cuda"])
+        else:  # torch < 2.2
+            dist.Backend.register_backend(BACKEND, _create, extended_api=True)
     import torch.distributed.rendezvous  # noqa: F401 - the module, not dist.rendezvous()
     handlers = sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
     if SCHEME not in handlers:

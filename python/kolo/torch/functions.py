@@ -120,10 +120,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     if len(state_dict["state"]) == 0:
         _create_state(optimizer, _sparse_param_ids(model))
         state_dict = optimizer.state_dict()
-    # Still empty: a stateless optimizer (plain SGD) on every rank.
-    if len(state_dict["state"]) == 0:
-        return
-
+    # A stateless optimizer (plain SGD, whose momentum buffer torch 2.x
+    # keeps only when momentum is set) still has its options to copy.
     tensors: List[Tuple[str, torch.Tensor]] = []
     scalars: dict = {}
     assign: dict = {}
