@@ -65,9 +65,10 @@ budget() {
 }
 failures=()
 
-# A python3 whose torch has CUDA, if any (the image's, else Debian's).
+# A python3 whose torch has CUDA, if any (the project's .venv, the image's, else Debian's).
 python=""
-for p in "$(command -v python3 || true)" /usr/bin/python3; do
+for p in "$PWD/.venv/bin/python" "$(command -v python3 || true)" /usr/bin/python3; do
+	[ -x "$p" ] || continue
 	[ -n "$p" ] || continue
 	if timeout 60 "$p" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
 		2>/dev/null; then

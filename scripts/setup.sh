@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Installs kolo's Debian dependencies (idempotent) and builds into build/: the
-# C build's, and what the Python layer and its tests use from /usr/bin/python3
-# (numpy, torch, pytest). --with-digits also installs python3-sklearn, only
-# for the UCI digits data file that examples/torch/train_digits.py reads
-# (about 50 MB of downloads with scipy, BLAS and Boost headers, for a 57 KB
-# file; without it the example trains on synthetic data).
-# Usage: scripts/setup.sh [--deps-only] [--with-digits] [--sanitizer address|thread]
-#                         [--build-dir DIR]
+# Installs kolo's Debian dependencies (the C build's; idempotent), makes the
+# project's Python virtual environment .venv (torch 2.13.0 CPU, numpy, pytest
+# and the rest of scripts/requirements.txt; pip runs again only when that file
+# changes) and builds into build/. Nothing is installed into the system
+# interpreter. The venv is made from KOLO_VENV_PYTHON, else python3.11, else
+# python3 (3.9 or newer). --with-digits also installs scikit-learn into the
+# venv, only for the UCI digits data file that examples/torch/train_digits.py
+# reads (without it the example trains on synthetic data). --no-venv skips
+# the venv (a C-only build).
+# Usage: scripts/setup.sh [--deps-only] [--no-venv] [--with-digits]
+#                         [--sanitizer address|thread] [--build-dir DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 deps_only=0
+venv=1
 with_digits=0
 sanitizer=""
 build_dir=build
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--deps-only) deps_only=1 ;;
+	--no-venv) venv=0 ;;
 	--with-digits) with_digits=1 ;;
 	--sanitizer) sanitizer="$2"; shift ;;
 	--build-dir) build_dir="$2"; shift ;;
@@ -27,8 +32,7 @@ done
 
 packages=(build-essential cmake pkg-config libmicrohttpd-dev libjansson-dev
 	libcurl4-openssl-dev libssl-dev libibverbs-dev check curl iproute2 clang-format python3
-	python3-yaml python3-numpy python3-torch python3-pytest)
-[ "$with_digits" = 1 ] && packages+=(python3-sklearn)
+	python3-venv)
 missing=()
 for p in "${packages[@]}"; do
 	[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p")
@@ -41,6 +45,27 @@ if [ ${#missing[@]} -gt 0 ]; then
 	$sudo_cmd apt-get update -qq
 	$sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# The virtual environment. A stamp holds the hash of what was installed, so a
+# second run costs one comparison.
+make_venv() {
+	local base want have extra=()
+	base=${KOLO_VENV_PYTHON:-$(command -v python3.11 || command -v python3)}
+	if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys' 2>/dev/null; then
+		echo "setup.sh: making .venv with $base ($("$base" --version 2>&1))"
+		rm -rf .venv
+		"$base" -m venv .venv
+	fi
+	if [ "$with_digits" = 1 ]; then extra=(scikit-learn); fi
+	want=$( (cat scripts/requirements.txt; echo "${extra[*]}") | sha256sum | cut -d' ' -f1)
+	have=$(cat .venv/.kolo-requirements 2>/dev/null || true)
+	[ "$want" = "$have" ] && return 0
+	echo "setup.sh: installing scripts/requirements.txt into .venv"
+	.venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements.txt \
+		"${extra[@]}"
+	echo "$want" >.venv/.kolo-requirements
+}
+if [ "$venv" = 1 ]; then make_venv; fi
 [ "$deps_only" = 1 ] && exit 0
 
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKOLO_SANITIZER="$sanitizer" >/dev/null

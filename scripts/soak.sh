@@ -23,8 +23,10 @@ if [ $# -eq 0 ]; then
 	sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 64
 fi
+py=${KOLO_PYTHON:-.venv/bin/python}
+[ -x "$py" ] || py=python3
 if [ "$1" = --torch ]; then
 	shift
-	exec /usr/bin/python3 tests/soak/soak_torch.py "$@"
+	exec "$py" tests/soak/soak_torch.py --python "$py" "$@"
 fi
-exec /usr/bin/python3 tests/soak/soak.py "$@"
+exec "$py" tests/soak/soak.py "$@"

@@ -19,7 +19,7 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 WORKERS = HERE / "workers"
-PYTHON = os.environ.get("KOLO_PYTHON", "/usr/bin/python3")
+PYTHON = os.environ.get("KOLO_PYTHON", sys.executable)
 KOLORUN = os.environ.get("KOLO_KOLORUN", str(REPO / "build" / "bin" / "kolorun"))
 LIBRARY = os.environ.get("KOLO_LIBRARY", str(REPO / "build" / "lib" / "libkolo.so"))
 
@@ -31,7 +31,7 @@ except ImportError:
     HAVE_TORCH = False
 
 requires_torch = pytest.mark.skipif(not HAVE_TORCH, reason=f"{sys.executable} has no torch "
-                                    "(apt-get install python3-torch)")
+                                    "(scripts/setup.sh makes .venv with torch)")
 
 
 def worker_env(extra=None):
@@ -65,7 +65,7 @@ def kolorun(np, argv, timeout=180, env=None, launcher_args=(), check=True):
 
 
 def run_worker(np, script, *args, **kw):
-    """Runs tests/python/workers/<script> on np ranks under /usr/bin/python3."""
+    """Runs tests/python/workers/<script> on np ranks under KOLO_PYTHON."""
     return kolorun(np, [PYTHON, str(WORKERS / script), *args], **kw)
 
 

@@ -5,7 +5,7 @@ set -u
 py=$1
 shift
 if ! "$py" -c "import pytest" 2>/dev/null; then
-	echo "run_pytest.sh: $py has no pytest (apt-get install python3-pytest): skipped"
+	echo "run_pytest.sh: $py has no pytest (scripts/setup.sh makes .venv with pytest): skipped"
 	exit 77
 fi
 "$py" -m pytest -q -rs -p no:cacheprovider "$@"

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Soak test of elastic training: an elastic job of elastic_worker processes
 against an external kolo-rendezvous, for --minutes, while random events are
 injected at random moments, one at a time:

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Soak test of elastic PyTorch training with Horovod's API: the elastic
 example (examples/torch/train_digits_elastic.py) as an elastic job of up to
 4 workers against an external kolo-rendezvous, while random events hit it
@@ -248,7 +248,8 @@ def main():
     p.add_argument("--seed", type=int, default=None, help="random seed (default: the time)")
     p.add_argument("--bin", default=os.environ.get("KOLO_BIN", os.path.join(REPO, "build", "bin")),
                    help="folder with kolorun and kolo-rendezvous (default $KOLO_BIN or build/bin)")
-    p.add_argument("--python", default="/usr/bin/python3", help="the interpreter with torch")
+    p.add_argument("--python", default=sys.executable,
+                   help="the interpreter with torch (default: this one)")
     p.add_argument("--epochs", type=int, default=40, help="the example's epochs (default 40)")
     p.add_argument("--slow-ms", type=float, default=60,
                    help="the example's delay per step, so that it outlasts the events (default 60)")
