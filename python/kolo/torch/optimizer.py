@@ -4,9 +4,10 @@
 returns an optimizer of a class derived from ``type(opt)`` (same
 ``param_groups``, same hyperparameters) whose ``step()`` first averages every
 gradient over the job. Each gradient's allreduce starts from a hook on the
-parameter's gradient accumulator as soon as backward has produced it, so
-communication overlaps the rest of the backward pass; ``step()`` (or
-``synchronize()``) waits for them.
+parameter as soon as backward has accumulated its gradient
+(``Tensor.register_post_accumulate_grad_hook``, torch >= 2.1; the gradient
+accumulator's hook before that), so communication overlaps the rest of the
+backward pass; ``step()`` (or ``synchronize()``) waits for them.
 
 Every rank builds the optimizer over the same parameters, with the same
 names, and calls ``backward``/``step`` the same number of times: the
@@ -221,9 +222,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.requires_grad:
                     self._requires_update.add(p)
-                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                    acc.register_hook(self._make_hook(p))
-                    self._grad_accs.append(acc)
+                    hook = self._make_hook(p)
+                    if hasattr(p, "register_post_accumulate_grad_hook"):
+                        self._grad_accs.append(
+                            p.register_post_accumulate_grad_hook(lambda _p, h=hook: h()))
+                    else:  # torch < 2.1: the gradient accumulator's hook
+                        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                        acc.register_hook(hook)
+                        self._grad_accs.append(acc)
 
     def _scales(self) -> Tuple[float, float]:
         if self.op == mpi_ops.Average:
@@ -379,9 +385,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._should_synchronize = True
 
-    def step(self, closure=None):
+    def step(self, closure=None, **kwargs):
         """Synchronizes (unless inside ``skip_synchronize()``), then the
-        wrapped optimizer's step. Every rank calls it."""
+        wrapped optimizer's step. Every rank calls it. Keyword arguments go
+        to the wrapped step (``GradScaler`` passes some to optimizers that
+        set ``_step_supports_amp_scaling``)."""
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
@@ -391,7 +399,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
-        return self._kolo_base.step(self, closure)
+        # Optimizer.__init__ wraps each class's step once to run the step
+        # hooks; this class's step is wrapped too, so the base's wrapper is
+        # skipped: the hooks run once per step.
+        base_step = self._kolo_base.step
+        if getattr(base_step, "hooked", False) and hasattr(base_step, "__wrapped__"):
+            base_step = base_step.__wrapped__
+        return base_step(self, closure, **kwargs)
 
     def zero_grad(self, *args, **kwargs):
         """The wrapped optimizer's ``zero_grad``. Raises AssertionError while
@@ -483,5 +497,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     body["__module__"] = __name__
     body["__doc__"] = base.__doc__
     cls = type(base.__name__, (base,), body)
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, groups, sparse_as_dense)
+    new = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+              op, gradient_predivide_factor, groups, sparse_as_dense)
+    # What the base's __init__ derived from its arguments, which the new one
+    # was not given: the defaults (for add_param_group) and whether step()
+    # unscales itself under GradScaler (fused optimizers).
+    new.defaults = dict(optimizer.defaults)
+    for attr in ("_step_supports_amp_scaling",):
+        if attr in vars(optimizer):
+            setattr(new, attr, getattr(optimizer, attr))
+    return new
