@@ -4,7 +4,7 @@ SIGKILLed worker and takes in a worker added mid-run, without restarting
 the survivors.
 
     kolorun --min-np 2 --max-np 4 -np 3 --restart-failed --max-restarts 1 -- \\
-        /usr/bin/python3 examples/torch/ddp_elastic.py --kill-at 60 --kill-rank 1
+        .venv/bin/python examples/torch/ddp_elastic.py --kill-at 60 --kill-rank 1
 
 Rank 1 kills itself with SIGKILL at step 60. The two survivors' DDP step
 fails with kolo.MembershipError; elastic_run restores their last commit,

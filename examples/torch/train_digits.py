@@ -8,12 +8,13 @@ digits (8x8 images, 10 classes), gradients are averaged over the workers by
 reached the stated test accuracy and that every worker holds bitwise
 identical parameters.
 
-    build/bin/kolorun -np 4 -- /usr/bin/python3 examples/torch/train_digits.py
-    /usr/bin/python3 examples/torch/train_digits.py          # one process
+    build/bin/kolorun -np 4 -- .venv/bin/python examples/torch/train_digits.py
+    .venv/bin/python examples/torch/train_digits.py          # one process
 
-Data: the digits file Debian's python3-sklearn ships (read with numpy and
-gzip; sklearn itself is not imported; ``scripts/setup.sh --with-digits``
-installs it), else seeded synthetic data of the same shape (10 Gaussian
+Data: the digits file scikit-learn ships (found in this interpreter's
+scikit-learn, else Debian's python3-sklearn; read with numpy and gzip,
+sklearn itself is not imported; ``scripts/setup.sh --with-digits`` installs
+it into .venv), else seeded synthetic data of the same shape (10 Gaussian
 classes in 64 dimensions, learnable but not linearly trivial). Nothing is
 downloaded. The train/test split is fixed (it does not depend on --seed).
 
@@ -48,7 +49,18 @@ from torch.utils.data.distributed import DistributedSampler
 import kolo  # noqa: E402 (found now, from the checkout if need be)
 import kolo.torch as hvd  # noqa: E402
 
-DIGITS = pathlib.Path("/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz")
+def _digits_file() -> pathlib.Path:
+    """scikit-learn's digits file: this interpreter's scikit-learn (located,
+    not imported), else Debian's python3-sklearn."""
+    rel = pathlib.Path("datasets", "data", "digits.csv.gz")
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        if (pathlib.Path(root) / rel).exists():
+            return pathlib.Path(root) / rel
+    return pathlib.Path("/usr/lib/python3/dist-packages/sklearn") / rel
+
+
+DIGITS = _digits_file()
 SPLIT_SEED = 20240601  # the fixed train/test split
 TEST_FRACTION = 0.2
 
@@ -123,8 +135,8 @@ def dataset(kind: str):
     """(train TensorDataset, test TensorDataset, description)."""
     if kind == "digits" or (kind == "auto" and DIGITS.exists()):
         if not DIGITS.exists():
-            raise SystemExit(f"train_digits: {DIGITS} is absent (apt-get install "
-                             f"python3-sklearn, or --data synthetic)")
+            raise SystemExit(f"train_digits: {DIGITS} is absent (scripts/setup.sh "
+                             f"--with-digits, or --data synthetic)")
         x, y = load_digits()
         what = f"UCI digits ({DIGITS})"
     else:

@@ -7,7 +7,7 @@ copied) written in Horovod's elastic style, so that it goes on when workers
 die, leave (SIGTERM) or are added mid-run, without restarting the others:
 
     build/bin/kolorun -np 3 --min-np 2 --max-np 4 -- \\
-        /usr/bin/python3 examples/torch/train_digits_elastic.py
+        .venv/bin/python examples/torch/train_digits_elastic.py
 
 - ``@hvd.elastic.run`` wraps the training function; the model, the
   optimizer, an ``hvd.elastic.ElasticSampler`` and the counters (epoch,

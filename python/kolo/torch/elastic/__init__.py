@@ -32,7 +32,7 @@ commit, on a comm re-formed in place (no process restarts)::
     state = hvd.elastic.TorchState(model, opt, sampler=sampler, epoch=0)
     train(state)
 
-Run it with ``kolorun -np 4 --min-np 2 --max-np 4 -- /usr/bin/python3 train.py``
+Run it with ``kolorun -np 4 --min-np 2 --max-np 4 -- python train.py``
 (docs/elastic.md). See :func:`run` for the loop's exact rules.
 """
 
