@@ -935,6 +935,8 @@ def elastic_leave() -> None:
     _lib_().kolo_elastic_leave()
 
 
+from .runner import run  # noqa: E402  (horovod.run)
+
 __all__ = [
     "Error", "MembershipError", "MismatchError", "ShutdownError", "Buffer", "Handle", "Commit",
     "init", "finalize", "shutdown", "abort", "is_initialized", "rank", "size", "local_rank",
@@ -943,4 +945,5 @@ __all__ = [
     "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
     "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",
     "elastic_leave", "elastic_done", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
+    "run",
 ]
