@@ -4,13 +4,21 @@
  *   kolo-info                      version, build and parameters
  *   kolo-info --params [--markdown] [--defaults]
  *   kolo-info --cuda               only the CUDA section
+ *   kolo-info --libs               only where libkolo and its libraries are
  *
  * --markdown writes the table docs/params.md is made of; --defaults leaves
  * out the current values (what the committed document holds). */
+#include <curl/curl.h>
 #include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <link.h>
+#include <microhttpd.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core.h"
 #include "gpu.h"
@@ -190,9 +198,84 @@ static void cuda_info(void)
 		printf("cuda memory: every buffer is host memory: %s\n", why);
 }
 
+/* The system libraries libkolo links, as the loader found them: by their
+ * names, "libcurl.so.4" or, in a wheel that auditwheel repaired (their
+ * copies in kolo.libs/), "libcurl-02fbea31.so.4.8.0". */
+static const char *const system_libs[] = {"libmicrohttpd", "libjansson", "libcurl", "libcrypto"};
+
+static int print_system_lib(struct dl_phdr_info *info, size_t size, void *data)
+{
+	(void)size;
+	int *found = data;
+	const char *base = strrchr(info->dlpi_name, '/');
+	base = base ? base + 1 : info->dlpi_name;
+	for (size_t i = 0; i < KOLO_ARRAY_SIZE(system_libs); i++) {
+		size_t n = strlen(system_libs[i]);
+		if (strncmp(base, system_libs[i], n) == 0 && (base[n] == '.' || base[n] == '-')) {
+			printf("%s%s", *found ? ", " : "", info->dlpi_name);
+			(*found)++;
+		}
+	}
+	return 0;
+}
+
+/* Where this libkolo is and where the libraries it needs came from. Every
+ * kolo binary carries libkolo statically. The shared libkolo.so lies in
+ * ../lib beside the binaries: in a build tree (build/lib, which the source
+ * tree's Python package loads), in a wheel (kolo/lib, which the installed
+ * package loads) and in a cmake --install prefix (<prefix>/lib, for
+ * programs linked with -lkolo). CUDA, NCCL and libibverbs are opened at run
+ * time: the verbs and cuda sections say what was found. */
+static void libs_info(void)
+{
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0) {
+		printf("libkolo: %s, linked into this binary (its path unknown)\n",
+		       KOLO_VERSION_STRING);
+	} else {
+		exe[n] = '\0';
+		printf("libkolo: %s, linked into %s\n", KOLO_VERSION_STRING, exe);
+		char *slash = strrchr(exe, '/');
+		if (slash)
+			*slash = '\0';
+		char dir[PATH_MAX], lib[PATH_MAX];
+		int w = snprintf(dir, sizeof(dir), "%s/../lib", exe);
+		if (w > 0 && (size_t)w < sizeof(dir) && realpath(dir, lib) &&
+		    strlen(lib) + sizeof("/libkolo.so") <= sizeof(lib)) {
+			strcat(lib, "/libkolo.so");
+			if (access(lib, R_OK) == 0)
+				printf("libkolo.so: %s (beside this binary)\n", lib);
+			else
+				printf("libkolo.so: none beside this binary (%s)\n", lib);
+		} else {
+			printf("libkolo.so: none beside this binary (no %s/../lib)\n", exe);
+		}
+	}
+	printf("libraries: libmicrohttpd %s, jansson %s, libcurl %s, OpenSSL %s\n",
+	       MHD_get_version(),
+#if JANSSON_VERSION_HEX >= 0x020d00
+	       jansson_version_str(),
+#else
+	       JANSSON_VERSION,
+#endif
+	       curl_version_info(CURLVERSION_NOW)->version,
+#ifdef OPENSSL_VERSION_STRING
+	       OpenSSL_version(OPENSSL_VERSION_STRING)
+#else
+	       OpenSSL_version(OPENSSL_VERSION)
+#endif
+	);
+	int found = 0;
+	printf("libraries loaded: ");
+	dl_iterate_phdr(print_system_lib, &found);
+	printf("%s\n", found ? "" : "none found");
+}
+
 static void build_info(void)
 {
 	printf("kolo %s\n", KOLO_VERSION_STRING);
+	libs_info();
 	printf("transports: tcp (between hosts), shm (between ranks of one host), verbs "
 	       "(InfiniBand/RoCE between hosts; not yet run on hardware)\n");
 	verbs_info();
@@ -208,30 +291,28 @@ static void build_info(void)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kolo-info [--params] [--markdown] [--defaults] [--cuda] [--version] "
-	           "[--help]\n"
+	fprintf(f, "usage: kolo-info [--params] [--markdown] [--defaults] [--cuda] [--libs] "
+	           "[--version] [--help]\n"
 	           "  (no option)   version, build contents and every parameter\n"
 	           "  --params      only the KOLO_* parameters\n"
 	           "  --markdown    the parameters as a Markdown table (docs/params.md)\n"
 	           "  --defaults    leave out the current values\n"
 	           "  --cuda        only the CUDA/NCCL section: build, libraries, driver, GPUs\n"
+	           "  --libs        only where libkolo is and the system libraries it loaded\n"
 	           "  --version     only the version\n");
 }
 
 int main(int argc, char **argv)
 {
 	static const struct option longs[] = {
-	        {"params", no_argument, NULL, 'p'},
-	        {"markdown", no_argument, NULL, 'm'},
-	        {"defaults", no_argument, NULL, 'd'},
-	        {"version", no_argument, NULL, 'v'},
-	        {"help", no_argument, NULL, 'h'},
-	        {"cuda", no_argument, NULL, 'c'},
-	        {NULL, 0, NULL, 0},
+	        {"params", no_argument, NULL, 'p'},   {"markdown", no_argument, NULL, 'm'},
+	        {"defaults", no_argument, NULL, 'd'}, {"version", no_argument, NULL, 'v'},
+	        {"help", no_argument, NULL, 'h'},     {"cuda", no_argument, NULL, 'c'},
+	        {"libs", no_argument, NULL, 'l'},     {NULL, 0, NULL, 0},
 	};
 	bool params = false, markdown = false, defaults = false;
 	int c;
-	while ((c = getopt_long(argc, argv, "pmdvhc", longs, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "pmdvhcl", longs, NULL)) != -1) {
 		switch (c) {
 		case 'p':
 			params = true;
@@ -250,6 +331,9 @@ int main(int argc, char **argv)
 			return 0;
 		case 'c':
 			cuda_info();
+			return 0;
+		case 'l':
+			libs_info();
 			return 0;
 		default:
 			usage(stderr);
