@@ -4,7 +4,7 @@
 #
 #   scripts/bench-side-by-side.sh [--rounds R] [--ranks "2 4"] [--sizes "64M 8"]
 #                                 [--sweep [MIN MAX FACTOR]] [--oop] [--quick]
-#                                 [--iters N] [--warmup N]
+#                                 [--iters N] [--warmup N] [--big-iters N] [--json DIR]
 #
 # For each round (default 3), each rank count (default 2 and 4) and each size (default 64 MiB,
 # the headline, and 8 bytes, the latency), back to back: kolo as shipped (ranks of one host
@@ -19,7 +19,15 @@
 # the tools' default iteration counts; Gloo's default algorithm left out: it takes up to 600 ms
 # per call from 32 KiB up). Without --iters, sizes up to 4 KiB run 2000 iterations after 200
 # warmups, larger ones the tools' defaults (about 1 GiB per size; 16 after 3 at 64 MiB).
+# --big-iters N (with --sweep and an integer FACTOR): sizes above 1 MiB run N iterations after
+# N/5 warmups (at least 2) and the smaller ones the tools' defaults, as two sweeps per
+# implementation: a short sweep whose small sizes still get the iterations that bring every
+# implementation to its steady state (kolo's adaptive spin among them).
 # --quick: one round, sizes 4M and 8, 5 iterations (200 at 8 bytes).
+# --json DIR: also keep the figures as data in DIR (created): allreduce.jsonl, every row of every
+# run (the benchmarks' --json objects, each with "round", "impl", "label" and "launched" added);
+# rounds.jsonl, each round's start, load average and tcp_pump result; meta.json, the machine, the
+# peers' versions and the peers left out (with the reason). bench/plot.py reads them.
 #
 # Prints the load average and the loopback TCP ceiling (tcp_pump) before each round, a table
 # per round with the speed ratios of kolo against the peers, then the medians over the rounds.
@@ -41,9 +49,12 @@ oop=0
 iters=""
 warmup=""
 quick=0
+big_iters=""
+json=""
+argv="$*"
 
 usage() {
-	sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -64,6 +75,8 @@ while [ $# -gt 0 ]; do
 	--iters) iters=${2:?}; shift 2 ;;
 	--warmup) warmup=${2:?}; shift 2 ;;
 	--quick) quick=1; shift ;;
+	--json) json=${2:?}; shift 2 ;;
+	--big-iters) big_iters=${2:?}; shift 2 ;;
 	-h | --help) usage ;;
 	*) echo "bench-side-by-side.sh: unknown option '$1'" >&2; usage ;;
 	esac
@@ -73,9 +86,23 @@ if [ "$quick" = 1 ]; then
 	sizes="4M 8"
 fi
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "--rounds: a positive number" >&2; exit 2; }
+if [ -n "$big_iters" ]; then
+	[[ $big_iters =~ ^[1-9][0-9]*$ ]] || { echo "--big-iters: a positive number" >&2; exit 2; }
+	[ -n "$sweep" ] && [[ $(cut -d' ' -f3 <<<"$sweep") =~ ^[2-9][0-9]*$ ]] || {
+		echo "--big-iters: only with --sweep and an integer FACTOR of at least 2" >&2
+		exit 2
+	}
+	[ -z "$iters" ] || { echo "--big-iters and --iters exclude each other" >&2; exit 2; }
+fi
 
 out=${OUT:-$(mktemp -d /tmp/kolo-side.XXXXXX)}
 mkdir -p "$out"
+if [ -n "$json" ]; then
+	mkdir -p "$json"
+	json=$(cd "$json" && pwd)
+	: >"$json/allreduce.jsonl"
+	: >"$json/rounds.jsonl"
+fi
 
 # kolo: KOLO_BIN, or a build of this tree
 if [ -n "${KOLO_BIN:-}" ]; then
@@ -97,6 +124,7 @@ bin=$(cd "$bin" && pwd)
 # the peers: built from bench/peers when installed, skipped otherwise
 peers=$(realpath -m "${PEERS_BIN:-$(dirname "$bin")/peers}") # make -C needs it absolute
 have_gloo=0 have_mpi=0
+skip_gloo="" skip_mpi=""
 make -s -C "$root/bench/peers" O="$peers" pump >"$out/peers-build.log" 2>&1 || {
 	echo "bench/peers: tcp_pump does not build (see $out/peers-build.log)" >&2
 	exit 1
@@ -108,7 +136,8 @@ if [ -f /usr/include/gloo/allreduce_ring_chunked.h ]; then
 	}
 	have_gloo=1
 else
-	echo "## skipping Gloo: libgloo-dev is not installed (apt-get install -y libgloo-dev)"
+	skip_gloo="libgloo-dev is not installed (apt-get install -y libgloo-dev)"
+	echo "## skipping Gloo: $skip_gloo"
 fi
 if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
 	make -s -C "$root/bench/peers" O="$peers" mpi >>"$out/peers-build.log" 2>&1 || {
@@ -117,7 +146,8 @@ if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
 	}
 	have_mpi=1
 else
-	echo "## skipping Open MPI: no mpicc/mpirun (apt-get install -y openmpi-bin libopenmpi-dev)"
+	skip_mpi="no mpicc/mpirun (apt-get install -y openmpi-bin libopenmpi-dev)"
+	echo "## skipping Open MPI: $skip_mpi"
 fi
 
 mpirun_=(mpirun --allow-run-as-root --oversubscribe)
@@ -158,6 +188,7 @@ run() {
 	local name=$1 n=$2 rc=0
 	shift 2
 	local args=("$@" --check --json) log="$out/r$round.n$n.$name"
+	[ ! -e "$log.out" ] || log="$log.2" # the second half of a --big-iters sweep
 	local t=(timeout -k 5 900)
 	case "$name" in
 	kolo_tcp) KOLO_SHM=0 KOLO_LOG_LEVEL=warn "${t[@]}" "$bin/kolorun" -np "$n" -- \
@@ -179,6 +210,12 @@ run() {
 		failed=1
 	fi
 	grep -o '{.*}' "$log.out" | sed "s/^/$round\t$n\t$name\t/" >>"$out/results.tsv" || true
+	if [ -n "$json" ]; then
+		local label
+		label=$(grep "^$name|" "$out/labels" | head -1 | cut -d'|' -f2)
+		grep -o '{.*}' "$log.out" | sed "s|^{|{\"round\":$round,\"impl\":\"$name\",\"label\":\"$label\",\"launched\":$n,|" \
+			>>"$json/allreduce.jsonl" || true
+	fi
 }
 
 # counts BYTES: the iteration options for one size
@@ -296,9 +333,39 @@ impls 1 >>"$out/labels"
 : >"$out/results.tsv"
 ncpu=$(nproc)
 echo "## kolo: $bin; peers: $peers; raw outputs: $out; $ncpu CPUs"
+if [ -n "$json" ]; then
+	/usr/bin/python3 - "$json/meta.json" "$ncpu" "$have_gloo" "$skip_gloo" "$have_mpi" "$skip_mpi" \
+		"$root" "$argv" <<'PY'
+import json, platform, subprocess, sys, time
+path, ncpu, hg, sg, hm, sm, root = sys.argv[1:8]
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        return None
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), None)
+mem = next((int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal")), 0)
+json.dump({
+    "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    "script": "scripts/bench-side-by-side.sh " + sys.argv[8],
+    "cpus": int(ncpu), "cpu_model": cpu, "mem_gib": round(mem / 2**20, 1),
+    "kernel": platform.release(),
+    "kolo_commit": sh("git -C '%s' rev-parse --short HEAD 2>/dev/null" % root),
+    "peers": {
+        "gloo": sh("dpkg-query -W -f '${Version}' libgloo-dev 2>/dev/null") if hg == "1" else None,
+        "openmpi": sh("dpkg-query -W -f '${Version}' libopenmpi-dev 2>/dev/null || mpirun --version | head -1") if hm == "1" else None,
+    },
+    "left_out": {k: v for k, v in (("gloo", sg), ("openmpi", sm)) if v},
+}, open(path, "w"), indent=1)
+PY
+fi
 for ((round = 1; round <= rounds; round++)); do
 	pump=$("$peers/tcp_pump" 1024 --json)
 	echo "## round $round of $rounds: $(date +%T), load: $(cut -d' ' -f1-3 /proc/loadavg)"
+	if [ -n "$json" ]; then
+		echo "{\"round\":$round,\"start\":\"$(date +%T)\",\"load\":[$(cut -d' ' -f1-3 /proc/loadavg | tr ' ' ,)],\"tcp_pump\":$pump}" \
+			>>"$json/rounds.jsonl"
+	fi
 	/usr/bin/python3 - "$pump" "$ncpu" "$ranks" <<'PY'
 import json, sys
 p, c = json.loads(sys.argv[1]), int(sys.argv[2])
@@ -311,11 +378,28 @@ PY
 	for n in $ranks; do
 		if [ -n "$sweep" ]; then
 			read -r smin smax sfac <<<"$sweep"
+			# with --big-iters: the sizes of the sweep up to 1 MiB, then from the next one on
+			small_max=$(bytes "$smax") big_min=""
+			if [ -n "$big_iters" ]; then
+				s=$(bytes "$smin") small_max=0
+				while [ "$s" -le "$(bytes "$smax")" ] && [ "$s" -le 1048576 ]; do
+					small_max=$s
+					s=$((s * sfac))
+				done
+				[ "$s" -gt "$(bytes "$smax")" ] || big_min=$s
+				big_warm=$((big_iters / 5 < 2 ? 2 : big_iters / 5))
+			fi
 			while IFS='|' read -r name _; do
 				[ "$name" = gloo_default ] && continue
-				# shellcheck disable=SC2046
-				run "$name" "$n" -b "$smin" -e "$smax" -f "$sfac" \
-					$(if [ -n "$iters" ]; then echo "--iters $iters${warmup:+ --warmup $warmup}"; fi)
+				if [ "$small_max" -gt 0 ]; then
+					# shellcheck disable=SC2046
+					run "$name" "$n" -b "$smin" -e "$small_max" -f "$sfac" \
+						$(if [ -n "$iters" ]; then echo "--iters $iters${warmup:+ --warmup $warmup}"; fi)
+				fi
+				if [ -n "$big_min" ]; then
+					run "$name" "$n" -b "$big_min" -e "$smax" -f "$sfac" \
+						--iters "$big_iters" --warmup "$big_warm"
+				fi
 			done < <(impls "$(bytes "$smax")")
 		else
 			for s in $sizes; do

@@ -142,8 +142,11 @@ def main():
             print(f"{label + ' (ms)':34s} {a * 1e3:10.1f} {b * 1e3:10.1f} {a / b:10.2f}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": n, "rounds": res, "median": med, "busbw_GBps": busbw,
-                           "params": params, "mib": args.mib}, f, indent=1)
+                json.dump({"bench": "ddp_bench", "ranks": n, "rounds": res, "median": med,
+                           "busbw_GBps": busbw, "params": params, "mib": args.mib,
+                           "batch": {"comm": 8, "compute": 64}, "steps": args.steps,
+                           "iters": args.iters, "torch_threads": torch.get_num_threads()},
+                          f, indent=1)
     dist.destroy_process_group()
 
 

@@ -6,6 +6,8 @@ Run under kolorun, 4 ranks, one torch thread per rank:
     kolorun -np 4 -- /usr/bin/python3 bench/torch/hvd_bench.py step --model comm
     kolorun -np 4 -- /usr/bin/python3 bench/torch/hvd_bench.py step --model compute
 
+``--json FILE`` also writes the figures there (rank 0), for bench/plot.py.
+
 ``overhead``: the 161 gradient tensors of torchvision's ResNet-50 (the
 workload of ``kolo-bench fusion``), float32, enqueued every step in backward
 order (a) as named ``hvd.allreduce_async_`` calls then ``hvd.synchronize``,
@@ -24,6 +26,7 @@ images, batch 64). Interleaves kolo and gloo ``--rounds`` times.
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -45,6 +48,13 @@ def slowest(t):
     _seq[0] += 1
     x = torch.tensor([t], dtype=torch.float64)
     return hvd.allreduce(x, op=hvd.Max, name=f"slowest.{_seq[0]}").item()
+
+
+def write_json(args, obj):
+    if args.json and hvd.rank() == 0:
+        with open(args.json, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
 
 
 def resnet50_grads():
@@ -127,6 +137,9 @@ def overhead(args):
         print(f"a/c = {figs['engine'] / figs['plain']:.3f}   "
               f"(o - backward)/a = {(figs['optimizer'] - figs['backward']) / figs['engine']:.3f}")
         print(f"enqueue cost per tensor: {per_tensor:.1f} us")
+    write_json(args, {"bench": "hvd_bench overhead", "ranks": hvd.size(), "tensors": 161,
+                      "params": total, "iters": args.iters, "warmup": args.warmup,
+                      "median_ms": figs, "enqueue_us_per_tensor": per_tensor})
 
 
 def step(args):
@@ -196,6 +209,14 @@ def step(args):
         print(f"DDP on gloo                      {g:8.2f} ms/step  (rounds: "
               f"{', '.join(f'{v:.1f}' for v in res['gloo'])})")
         print(f"gloo/kolo = {g / k:.2f}")
+        write_json(args, {
+            "bench": "hvd_bench step", "model": args.model,
+            "model_desc": "MLP" if args.model == "comm" else "CNN",
+            "params": nparams, "batch": int(x.shape[0]), "ranks": hvd.size(),
+            "torch_threads": torch.get_num_threads(), "iters": args.iters,
+            "warmup": args.warmup, "rounds": args.rounds,
+            "ms_per_step": res, "median_ms": {"kolo": k, "gloo": g},
+            "labels": {"kolo": "kolo.torch DistributedOptimizer", "gloo": "DDP on gloo"}})
     dist.destroy_process_group()
 
 
@@ -207,6 +228,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--port", type=int, default=29512)
+    ap.add_argument("--json", help="also write the figures to this file (rank 0)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     hvd.init()
