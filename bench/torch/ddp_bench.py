@@ -1,6 +1,6 @@
 """DistributedDataParallel on kolo against DDP on gloo, in one run.
 
-    kolorun -np 4 -- /usr/bin/python3 bench/torch/ddp_bench.py [--rounds 3] [--json out.json]
+    kolorun -np 4 -- .venv/bin/python bench/torch/ddp_bench.py [--rounds 3] [--json out.json]
 
 Every rank makes the default process group on kolo (``kolo://``) and a gloo
 group of the same ranks (``new_group(backend="gloo")``), one torch thread

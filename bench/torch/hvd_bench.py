@@ -2,13 +2,14 @@
 
 Run under kolorun, 4 ranks, one torch thread per rank:
 
-    kolorun -np 4 -- /usr/bin/python3 bench/torch/hvd_bench.py overhead
-    kolorun -np 4 -- /usr/bin/python3 bench/torch/hvd_bench.py step --model comm
-    kolorun -np 4 -- /usr/bin/python3 bench/torch/hvd_bench.py step --model compute
+    kolorun -np 4 -- .venv/bin/python bench/torch/hvd_bench.py overhead
+    kolorun -np 4 -- .venv/bin/python bench/torch/hvd_bench.py step --model comm
+    kolorun -np 4 -- .venv/bin/python bench/torch/hvd_bench.py step --model compute
 
 ``--json FILE`` also writes the figures there (rank 0), for bench/plot.py.
 
-``overhead``: the 161 gradient tensors of torchvision's ResNet-50 (the
+``overhead``: the 161 gradient tensors of torchvision's ResNet-50 (shapes
+built here, no torchvision needed; the
 workload of ``kolo-bench fusion``), float32, enqueued every step in backward
 order (a) as named ``hvd.allreduce_async_`` calls then ``hvd.synchronize``,
 and (b) through ``DistributedOptimizer``'s gradient hooks, fired by a
@@ -57,12 +58,30 @@ def write_json(args, obj):
             f.write("\n")
 
 
-def resnet50_grads():
-    from torchvision import models
+def resnet50_shapes():
+    """(name, shape) of torchvision's ResNet-50 parameters, in its order,
+    without torchvision: conv1/bn1, four stages of bottlenecks (3, 4, 6, 3
+    blocks; the first block of each with a downsample), fc."""
+    out = [("conv1.weight", (64, 3, 7, 7)), ("bn1.weight", (64,)), ("bn1.bias", (64,))]
+    cin = 64
+    for stage, (blocks, width) in enumerate(((3, 64), (4, 128), (6, 256), (3, 512)), 1):
+        for b in range(blocks):
+            pre = f"layer{stage}.{b}"
+            convs = ((width, cin, 1, 1), (width, width, 3, 3), (width * 4, width, 1, 1))
+            for i, shape in enumerate(convs, 1):
+                out += [(f"{pre}.conv{i}.weight", shape), (f"{pre}.bn{i}.weight", (shape[0],)),
+                        (f"{pre}.bn{i}.bias", (shape[0],))]
+            if b == 0:
+                out += [(f"{pre}.downsample.0.weight", (width * 4, cin, 1, 1)),
+                        (f"{pre}.downsample.1.weight", (width * 4,)),
+                        (f"{pre}.downsample.1.bias", (width * 4,))]
+            cin = width * 4
+    return out + [("fc.weight", (1000, 2048)), ("fc.bias", (1000,))]
 
-    m = models.resnet50()
-    params = [(n, p) for n, p in m.named_parameters() if p.requires_grad]
-    assert len(params) == 161, len(params)
+
+def resnet50_grads():
+    params = [(n, nn.Parameter(torch.zeros(s))) for n, s in resnet50_shapes()]
+    assert len(params) == 161 and sum(p.numel() for _, p in params) == 25557032
     return params
 
 

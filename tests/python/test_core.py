@@ -346,9 +346,14 @@ def _build_dir() -> pathlib.Path | None:
 
 
 def _site(prefix: pathlib.Path) -> pathlib.Path:
-    v = subprocess.run([PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                       capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    return prefix / "lib" / f"python{v}" / "dist-packages"
+    """Where the interpreter's layout puts packages under a prefix, as
+    python/CMakeLists.txt asks it: site-packages, or Debian's dist-packages."""
+    code = ("import sys, sysconfig; print('%d.%d' % sys.version_info[:2]); "
+            "print(sysconfig.get_path('purelib').rsplit('/', 1)[-1])")
+    v, site = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True,
+                             timeout=60).stdout.split()
+    return prefix / "lib" / f"python{v}" / ("dist-packages" if site == "dist-packages"
+                                            else "site-packages")
 
 
 def _clean_env(**extra) -> dict:
@@ -380,8 +385,8 @@ def installed(tmp_path_factory) -> pathlib.Path:
 
 def test_install_places_package_and_library(installed, tmp_path):
     """`cmake --install <build> --prefix P` puts the package into
-    P/lib/python3.X/dist-packages/kolo with libkolo in kolo/lib/, and
-    Debian's python3 imports it from there (any cwd, no KOLO_LIBRARY)."""
+    P/lib/python3.X/site-packages/kolo with libkolo in kolo/lib/, and
+    the interpreter imports it from there (any cwd, no KOLO_LIBRARY)."""
     site = _site(installed)
     pkg = site / "kolo"
     lib = pkg / "lib" / "libkolo.so"
