@@ -272,10 +272,11 @@ def test_ddp_join_uneven_inputs():
 # ---- failures --------------------------------------------------------------------
 
 
-def test_rank_killed_mid_step_fails_every_survivor_fast():
+@pytest.mark.parametrize("model", ["ddp", "fsdp2", "functional"])
+def test_rank_killed_mid_step_fails_every_survivor_fast(model):
     size, victim, timeout = 3, 1, 10.0
     proc = run_worker(size, "ddp_kill.py", "--victim", victim, "--kill-at", 3, "--timeout",
-                      timeout, timeout=120, env=ENV, check=False)
+                      timeout, "--model", model, timeout=120, env=ENV, check=False)
     assert proc.returncode != 0
     res = results(proc)
     started = [o for items in res.values() for o in items if o.get("started")]
@@ -290,11 +291,13 @@ def test_rank_killed_mid_step_fails_every_survivor_fast():
         assert len(items) == 1
         o = items[0]
         assert o["step"] == killed[0]["step"]
-        assert "MembershipError" in o["error"] and "KOLO_E" in o["error"], o["error"]
+        # DDP's reducer re-raises it as a RuntimeError that names it
+        assert "MembershipError" in o["error_type"] + o["error"], o
+        assert "KOLO_E" in o["error"], o["error"]
         delays.append(o["raised_at"] - killed[0]["killed_at"])
-    print(f"survivors raised {', '.join(f'{d * 1000:.0f} ms' for d in delays)} after the "
-          f"SIGKILL (timeout {timeout:.0f} s)")
-    assert max(delays) < timeout / 2
+    print(f"{model}: survivors raised {', '.join(f'{d * 1000:.0f} ms' for d in delays)} after "
+          f"the SIGKILL (timeout {timeout:.0f} s)")
+    assert max(delays) < 2.0
 
 
 # ---- elastic -------------------------------------------------------------------

@@ -96,6 +96,8 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 from torch._C._distributed_c10d import _create_work_from_future
 
+from . import _functional
+
 import kolo
 
 log = logging.getLogger("kolo.torch.distributed")
@@ -327,6 +329,8 @@ class ProcessGroupKolo(dist.ProcessGroup):
     def __init__(self, rank: int, size: int, group_id: str, timeout: Any):
         super().__init__(rank, size)
         self._gid = group_id or "0"
+        self._name = self._gid
+        self._desc = "undefined"
         self._timeout = timeout
         self._seq = 0
         self._issue_lock = threading.Lock()
@@ -344,6 +348,34 @@ class ProcessGroupKolo(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    # -- names and teardown (torch calls these through its C++ trampoline) --
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupName(self, name: str) -> None:
+        self._name = str(name)
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = str(desc)
+
+    def shutdown(self) -> None:
+        """torch's destroy_process_group (2.7+): lets the operations in flight
+        complete (bounded by the group's timeout, at most 30 s) and stops
+        the completion thread."""
+        self._shutdown("destroyed", min(_timeout_s(self._timeout), 30.0))
+
+    def abort(self) -> None:
+        """Stops the group without waiting for what is in flight: later calls
+        raise, and the operations in flight complete with kolo's own
+        timeout or membership error."""
+        if not self._closed:
+            self._closed = "aborted"
+            self._queue.put(None)
 
     # -- issuing and completing --
 
@@ -1087,6 +1119,7 @@ def _register() -> None:
     handlers = sys.modules["torch.distributed.rendezvous"]._rendezvous_handlers
     if SCHEME not in handlers:
         dist.register_rendezvous_handler(SCHEME, _rendezvous)
+    _functional.register()
     for mod in (_c10d, dist):
         if getattr(mod, "destroy_process_group", None) is _orig_destroy:
             mod.destroy_process_group = destroy_process_group

@@ -1,9 +1,12 @@
-"""A rank SIGKILLed in the middle of a DDP step (non-elastic job).
+"""A rank SIGKILLed in the middle of a training step (non-elastic job).
 
     ddp_kill.py --launcher kolorun|env --victim R --kill-at S --timeout T
+                [--model ddp|fsdp2|functional]
 
-Every rank trains a small DDP model; rank R reports the time and kills
-itself with SIGKILL just before its backward pass of step S. Each survivor
+Every rank trains a small model, wrapped in DDP or sharded with FSDP2's
+fully_shard, or (functional) runs a step of functional all_reduces over a
+DeviceMesh; rank R reports the time and kills itself with SIGKILL just
+before its backward pass (its collectives) of step S. Each survivor
 reports when its step raised, what it raised and how long the step took,
 then re-raises (the process ends as a user's would, through the uncaught
 exception). SIGTERM from the launcher (which stops the job once a worker
@@ -27,6 +30,7 @@ p.add_argument("--launcher", default="kolorun", choices=["kolorun", "env"])
 p.add_argument("--victim", type=int, default=1)
 p.add_argument("--kill-at", type=int, default=3)
 p.add_argument("--timeout", type=float, default=20.0)
+p.add_argument("--model", default="ddp", choices=["ddp", "fsdp2", "functional"])
 args = p.parse_args()
 torch.set_num_threads(1)
 signal.signal(signal.SIGTERM, lambda *_: None)
@@ -39,8 +43,27 @@ else:
 rank, size = dist.get_rank(), dist.get_world_size()
 x_all, y_all = (torch.from_numpy(a) for a in dataset())
 model = make_model(torch, seed=0)
-ddp = torch.nn.parallel.DistributedDataParallel(model)
+if args.model == "ddp":
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+else:
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (size,))
+    ddp = model
+    if args.model == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        ddp = fully_shard(model, mesh=mesh)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def backward(loss):
+    if args.model != "functional":
+        loss.backward()
+        return
+    import torch.distributed._functional_collectives as funcol
+    loss.backward()
+    for p in model.parameters():
+        p.grad = funcol.wait_tensor(funcol.all_reduce(p.grad, "avg", mesh.get_group()))
+
 report({"rank": rank, "size": size, "started": True,
         "kolo_timeout_ms": os.environ.get("KOLO_TIMEOUT_MS")})
 
@@ -53,7 +76,7 @@ for s in range(args.kill_at + 5):
         if rank == args.victim and s == args.kill_at:
             report({"rank": rank, "killed_at": time.time(), "step": s})
             os.kill(os.getpid(), signal.SIGKILL)
-        loss.backward()
+        backward(loss)
         opt.step()
     except Exception as e:
         now = time.time()
