@@ -44,7 +44,7 @@ def _op(reduce_op: str) -> Any:
 
 def _kolo_group(group_name: Any) -> Any:
     """The kolo group named ``group_name`` (a name or a group), else None."""
-    from .distributed import ProcessGroupKolo
+    from ._group import ProcessGroupKolo
     pg = group_name
     if isinstance(group_name, str):
         try:
