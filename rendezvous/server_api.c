@@ -71,12 +71,13 @@ struct rdzv_reply rdzv_api_job(struct kolo_rdzv_server *s, struct rdzv_req *r,
                                const struct rdzv_call *c, uint64_t now)
 {
 	(void)r;
-	struct rdzv_job *j = rdzv_job_get(&s->st, c->rt.job, c->put, now);
-	if (!j && c->put)
+	bool put = c->method == RDZV_PUT;
+	struct rdzv_job *j = rdzv_job_get(&s->st, c->rt.job, put, now);
+	if (!j && put)
 		return rdzv_reply_error(503, "too many jobs or out of memory");
 	if (!j)
 		return rdzv_reply_error(404, "unknown job %s", c->rt.job);
-	if (c->put) {
+	if (put) {
 		struct kolo_rdzv_job_config cfg = j->cfg;
 		char err[256];
 		if (kolo_rdzv_parse_job_config(c->body, c->len, &cfg, err, sizeof(err)) != KOLO_OK)
@@ -208,6 +209,50 @@ struct rdzv_reply rdzv_api_assignment(struct kolo_rdzv_server *s, struct rdzv_re
 	return reply_held();
 }
 
+/* The 400 of a KV call whose query or body is wrong; code 0 when none. */
+static struct rdzv_reply kv_refusal(const struct rdzv_call *c)
+{
+	struct rdzv_reply none = {0};
+	if (c->method == RDZV_GET && !c->query_ok)
+		return rdzv_reply_error(400, "timeout_ms must be an integer in [0, %d]",
+		                        RDZV_POLL_MAX_MS);
+	if (c->method != RDZV_POST)
+		return none;
+	if (c->add == c->compare_set)
+		return rdzv_reply_error(400, "POST takes ?add=N or ?compare_set&expected_len=L");
+	if (c->add && !c->query_ok)
+		return rdzv_reply_error(400, "add must be a decimal integer within int64");
+	if (c->add && c->len > 0)
+		return rdzv_reply_error(400, "add takes an empty body (%zu bytes sent)", c->len);
+	if (c->compare_set && (!c->query_ok || (size_t)c->expected_len > c->len))
+		return rdzv_reply_error(
+		        400, "expected_len must be an integer from 0 to %zu (the body's length)",
+		        c->len);
+	return none;
+}
+
+/* 200 with a copy of v. */
+static struct rdzv_reply reply_value(const struct rdzv_kv_val *v)
+{
+	char *b = rdzv_kv_copy(v);
+	if (!b)
+		return rdzv_reply_error(500, "out of memory");
+	return rdzv_reply_body(200, b, v->len, RDZV_BODY_BINARY);
+}
+
+static struct rdzv_reply kv_get(struct kolo_rdzv_server *s, struct rdzv_req *r, struct rdzv_job *j,
+                                const struct rdzv_call *c, uint64_t now)
+{
+	const struct rdzv_kv_val *v = kolo_strmap_get(&j->kv, c->rt.id);
+	if (v)
+		return reply_value(v);
+	if (c->timeout_ms == 0 || s->stopping)
+		return rdzv_reply_error(404, "no such key %s", c->rt.id);
+	snprintf(r->key, sizeof(r->key), "%s", c->rt.id);
+	rdzv_wait_hold(s, r, j, RDZV_WAIT_KV, now + (uint64_t)c->timeout_ms);
+	return reply_held();
+}
+
 static struct rdzv_reply kv_put(struct kolo_rdzv_server *s, struct rdzv_job *j,
                                 const struct rdzv_call *c)
 {
@@ -218,27 +263,76 @@ static struct rdzv_reply kv_put(struct kolo_rdzv_server *s, struct rdzv_job *j,
 	return reply_empty(204);
 }
 
+/* The answer to an add or a compare_set: the value stored afterwards. */
+static struct rdzv_reply kv_post_reply(const struct rdzv_job *j, const struct rdzv_call *c,
+                                       enum rdzv_kv_result res)
+{
+	const char *key = c->rt.id;
+	switch (res) {
+	case RDZV_KV_STORED:
+	case RDZV_KV_KEPT:
+		return reply_value(kolo_strmap_get(&j->kv, key));
+	case RDZV_KV_ABSENT:
+		return rdzv_reply_error(404, "no such key %s", key);
+	case RDZV_KV_NOT_INT:
+		return rdzv_reply_error(409, "value of key %s is not an integer", key);
+	case RDZV_KV_OVERFLOW:
+		return rdzv_reply_error(409, "adding %" PRId64 " to key %s overflows int64",
+		                        c->add_n, key);
+	case RDZV_KV_FULL:
+		return rdzv_reply_error(507, "KV store full (%zu bytes)", RDZV_KV_TOTAL_MAX);
+	default:
+		return rdzv_reply_error(503, "out of memory");
+	}
+}
+
+/* ?add=N, or ?compare_set with the expected bytes then the desired ones. */
+static struct rdzv_reply kv_post(struct kolo_rdzv_server *s, struct rdzv_job *j,
+                                 const struct rdzv_call *c)
+{
+	if (c->add)
+		return kv_post_reply(j, c, rdzv_kv_add(&s->st, j, c->rt.id, c->add_n));
+	size_t n = (size_t)c->expected_len;
+	const char *desired = c->body ? c->body + n : NULL;
+	return kv_post_reply(
+	        j, c, rdzv_kv_compare_set(&s->st, j, c->rt.id, c->body, n, desired, c->len - n));
+}
+
+static struct rdzv_reply kv_delete(struct kolo_rdzv_server *s, struct rdzv_job *j,
+                                   const struct rdzv_call *c)
+{
+	if (!rdzv_kv_delete(&s->st, j, c->rt.id))
+		return rdzv_reply_error(404, "no such key %s", c->rt.id);
+	return reply_empty(204);
+}
+
 struct rdzv_reply rdzv_api_kv(struct kolo_rdzv_server *s, struct rdzv_req *r,
                               const struct rdzv_call *c, uint64_t now)
 {
-	if (!c->query_ok)
-		return rdzv_reply_error(400, "timeout_ms must be an integer in [0, %d]",
-		                        RDZV_POLL_MAX_MS);
+	struct rdzv_reply refusal = kv_refusal(c);
+	if (refusal.code)
+		return refusal;
 	struct rdzv_job *j = rdzv_job_get(&s->st, c->rt.job, true, now);
 	if (!j)
 		return rdzv_reply_error(503, "too many jobs or out of memory");
-	if (c->put)
+	switch (c->method) {
+	case RDZV_PUT:
 		return kv_put(s, j, c);
-	const struct rdzv_kv_val *v = kolo_strmap_get(&j->kv, c->rt.id);
-	if (v) {
-		char *b = rdzv_kv_copy(v);
-		if (!b)
-			return rdzv_reply_error(500, "out of memory");
-		return rdzv_reply_body(200, b, v->len, RDZV_BODY_BINARY);
+	case RDZV_POST:
+		return kv_post(s, j, c);
+	case RDZV_DELETE:
+		return kv_delete(s, j, c);
+	default:
+		return kv_get(s, r, j, c, now);
 	}
-	if (c->timeout_ms == 0 || s->stopping)
-		return rdzv_reply_error(404, "no such key %s", c->rt.id);
-	snprintf(r->key, sizeof(r->key), "%s", c->rt.id);
-	rdzv_wait_hold(s, r, j, RDZV_WAIT_KV, now + (uint64_t)c->timeout_ms);
-	return reply_held();
+}
+
+struct rdzv_reply rdzv_api_kv_store(struct kolo_rdzv_server *s, struct rdzv_req *r,
+                                    const struct rdzv_call *c, uint64_t now)
+{
+	(void)r;
+	struct rdzv_job *j = rdzv_job_get(&s->st, c->rt.job, true, now);
+	if (!j)
+		return rdzv_reply_error(503, "too many jobs or out of memory");
+	return rdzv_reply_json(200, json_pack("{s:I}", "num_keys", (json_int_t)rdzv_kv_count(j)));
 }

@@ -40,11 +40,17 @@ static const char *content_type(enum rdzv_body_type type)
 static const char *allowed_methods(enum rdzv_endpoint ep)
 {
 	static const char *const allow[RDZV_EP_COUNT] = {
-	        [RDZV_EP_HEALTHZ] = "GET",    [RDZV_EP_METRICS] = "GET",
-	        [RDZV_EP_JOB] = "GET, PUT",   [RDZV_EP_WORKERS] = "POST",
-	        [RDZV_EP_WORKER] = "DELETE",  [RDZV_EP_ASSIGNMENT] = "GET",
-	        [RDZV_EP_HEARTBEAT] = "POST", [RDZV_EP_FAILURES] = "POST",
-	        [RDZV_EP_KV] = "GET, PUT",    [RDZV_EP_OTHER] = "",
+	        [RDZV_EP_HEALTHZ] = "GET",
+	        [RDZV_EP_METRICS] = "GET",
+	        [RDZV_EP_JOB] = "GET, PUT",
+	        [RDZV_EP_WORKERS] = "POST",
+	        [RDZV_EP_WORKER] = "DELETE",
+	        [RDZV_EP_ASSIGNMENT] = "GET",
+	        [RDZV_EP_HEARTBEAT] = "POST",
+	        [RDZV_EP_FAILURES] = "POST",
+	        [RDZV_EP_KV] = "GET, PUT, POST, DELETE",
+	        [RDZV_EP_KV_STORE] = "GET",
+	        [RDZV_EP_OTHER] = "",
 	};
 	return allow[ep];
 }
@@ -114,6 +120,8 @@ static void route_job_path(const char *p, struct rdzv_route *rt)
 			rt->ep = RDZV_EP_ASSIGNMENT;
 		else if (strcmp(p, "/heartbeat") == 0)
 			rt->ep = RDZV_EP_HEARTBEAT;
+	} else if (strcmp(p, "kv") == 0) {
+		rt->ep = RDZV_EP_KV_STORE;
 	} else if (strncmp(p, "kv/", 3) == 0) {
 		p += 3;
 		rt->ep = RDZV_EP_KV;
@@ -155,10 +163,12 @@ static bool method_ok(enum rdzv_endpoint ep, const char *m)
 	case RDZV_EP_HEALTHZ:
 	case RDZV_EP_METRICS:
 	case RDZV_EP_ASSIGNMENT:
+	case RDZV_EP_KV_STORE:
 		return get;
 	case RDZV_EP_JOB:
-	case RDZV_EP_KV:
 		return get || put;
+	case RDZV_EP_KV:
+		return get || put || post || del;
 	case RDZV_EP_WORKERS:
 	case RDZV_EP_HEARTBEAT:
 	case RDZV_EP_FAILURES:
@@ -170,15 +180,21 @@ static bool method_ok(enum rdzv_endpoint ep, const char *m)
 	}
 }
 
-/* Parses an optional integer query argument in [lo, hi]. */
-static bool query_int(struct MHD_Connection *c, const char *name, int64_t def, int64_t lo,
-                      int64_t hi, int64_t *out)
+/* The method of a request method_ok admitted. */
+static enum rdzv_method method_of(const char *m)
 {
-	const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
-	if (!v || !*v) {
-		*out = def;
-		return true;
-	}
+	if (strcmp(m, "PUT") == 0)
+		return RDZV_PUT;
+	if (strcmp(m, "POST") == 0)
+		return RDZV_POST;
+	if (strcmp(m, "DELETE") == 0)
+		return RDZV_DELETE;
+	return RDZV_GET;
+}
+
+/* Parses v as a decimal integer in [lo, hi]. */
+static bool parse_int(const char *v, int64_t lo, int64_t hi, int64_t *out)
+{
 	char *end;
 	errno = 0;
 	long long x = strtoll(v, &end, 10);
@@ -188,21 +204,62 @@ static bool query_int(struct MHD_Connection *c, const char *name, int64_t def, i
 	return true;
 }
 
+/* Parses an optional integer query argument in [lo, hi]. */
+static bool query_int(struct MHD_Connection *c, const char *name, int64_t def, int64_t lo,
+                      int64_t hi, int64_t *out)
+{
+	const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+	if (!v || !*v) {
+		*out = def;
+		return true;
+	}
+	return parse_int(v, lo, hi, out);
+}
+
+/* Whether the query names the argument, with a value or without ("?a&b"). */
+static bool query_has(struct MHD_Connection *c, const char *name)
+{
+	const char *v;
+	return MHD_lookup_connection_value_n(c, MHD_GET_ARGUMENT_KIND, name, strlen(name), &v,
+	                                     NULL) == MHD_YES;
+}
+
+/* Parses a required integer query argument in [lo, hi]. */
+static bool query_int_needed(struct MHD_Connection *c, const char *name, int64_t lo, int64_t hi,
+                             int64_t *out)
+{
+	const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+	return v && parse_int(v, lo, hi, out);
+}
+
+/* A KV POST's ?add=N or ?compare_set&expected_len=L (the handler says which
+ * is wrong). */
+static bool kv_post_query(struct MHD_Connection *conn, struct rdzv_call *c)
+{
+	c->add = query_has(conn, "add");
+	c->compare_set = query_has(conn, "compare_set");
+	if (c->add)
+		return query_int_needed(conn, "add", INT64_MIN, INT64_MAX, &c->add_n);
+	return query_int_needed(conn, "expected_len", 0, KOLO_RDZV_MAX_BODY, &c->expected_len);
+}
+
 /* The call a handler sees: the route, the body and the query arguments. */
-static void call_prepare(const struct rdzv_req *r, const struct rdzv_route *rt, bool put,
-                         struct rdzv_call *c)
+static void call_prepare(const struct rdzv_req *r, const struct rdzv_route *rt,
+                         enum rdzv_method method, struct rdzv_call *c)
 {
 	*c = (struct rdzv_call){
-	        .rt = *rt, .put = put, .body = r->body, .len = r->len, .query_ok = true};
+	        .rt = *rt, .method = method, .body = r->body, .len = r->len, .query_ok = true};
 	if (rt->ep == RDZV_EP_ASSIGNMENT)
 		c->query_ok = query_int(r->conn, "after_round", 0, 0, INT64_MAX, &c->after_round) &&
 		              query_int(r->conn, "timeout_ms", RDZV_POLL_DEFAULT_MS, 0,
 		                        RDZV_POLL_MAX_MS, &c->timeout_ms);
 	else if (rt->ep == RDZV_EP_WORKER)
 		c->query_ok = query_int(r->conn, "finished", 0, 0, 1, &c->finished);
-	else if (rt->ep == RDZV_EP_KV && !put)
+	else if (rt->ep == RDZV_EP_KV && method == RDZV_GET)
 		c->query_ok =
 		        query_int(r->conn, "timeout_ms", 0, 0, RDZV_POLL_MAX_MS, &c->timeout_ms);
+	else if (rt->ep == RDZV_EP_KV && method == RDZV_POST)
+		c->query_ok = kv_post_query(r->conn, c);
 }
 
 /* ---- requests ----------------------------------------------------------- */
@@ -219,7 +276,8 @@ static bool authorized(const struct kolo_rdzv_server *s, struct MHD_Connection *
 }
 
 /* Runs a v1 handler under the lock; sends its reply after. */
-static enum MHD_Result call_handler(struct rdzv_req *r, const struct rdzv_route *rt, bool put)
+static enum MHD_Result call_handler(struct rdzv_req *r, const struct rdzv_route *rt,
+                                    enum rdzv_method method)
 {
 	static rdzv_api_fn *const handler_of[RDZV_EP_COUNT] = {
 	        [RDZV_EP_JOB] = rdzv_api_job,
@@ -229,10 +287,11 @@ static enum MHD_Result call_handler(struct rdzv_req *r, const struct rdzv_route 
 	        [RDZV_EP_HEARTBEAT] = rdzv_api_heartbeat,
 	        [RDZV_EP_FAILURES] = rdzv_api_failure,
 	        [RDZV_EP_KV] = rdzv_api_kv,
+	        [RDZV_EP_KV_STORE] = rdzv_api_kv_store,
 	};
 	struct kolo_rdzv_server *s = r->s;
 	struct rdzv_call call;
-	call_prepare(r, rt, put, &call);
+	call_prepare(r, rt, method, &call);
 	pthread_mutex_lock(&s->lock);
 	struct rdzv_reply rep = handler_of[rt->ep](s, r, &call, kolo_now_ms());
 	pthread_mutex_unlock(&s->lock);
@@ -268,7 +327,7 @@ static enum MHD_Result dispatch(struct rdzv_req *r, const char *url, const char 
 		                           rt.ep == RDZV_EP_KV ? "key" : "worker id",
 		                           KOLO_RDZV_ID_MAX - 1, rt.ep == RDZV_EP_KV ? "/" : "");
 	else
-		return call_handler(r, &rt, strcmp(method, "GET") != 0);
+		return call_handler(r, &rt, method_of(method));
 	return send_reply(r, refusal);
 }
 

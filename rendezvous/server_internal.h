@@ -186,6 +186,34 @@ kolo_status_t rdzv_kv_put(struct rdzv_state *st, struct rdzv_job *j, const char 
 char *rdzv_kv_copy(const struct rdzv_kv_val *v);
 /* Takes j's keys out of the totals before j is freed. */
 void rdzv_kv_forget(struct rdzv_state *st, struct rdzv_job *j);
+/* Removes key and takes it out of the totals; false when it was absent. */
+bool rdzv_kv_delete(struct rdzv_state *st, struct rdzv_job *j, const char *key);
+/* How many keys j's store holds. */
+size_t rdzv_kv_count(const struct rdzv_job *j);
+
+/* What an add or a compare-and-set did. Unless RDZV_KV_STORED, nothing
+ * changed. */
+enum rdzv_kv_result {
+	RDZV_KV_STORED,   /* a value was stored (and its polls answered) */
+	RDZV_KV_KEPT,     /* compare_set: the value differs from the expected one */
+	RDZV_KV_ABSENT,   /* compare_set: no such key, and a non-empty expected value */
+	RDZV_KV_NOT_INT,  /* add: the value is not a decimal int64 */
+	RDZV_KV_OVERFLOW, /* add: the sum is outside int64 */
+	RDZV_KV_FULL,     /* storing would pass RDZV_KV_TOTAL_MAX */
+	RDZV_KV_NOMEM,
+};
+
+/* torch's TCPStore add: reads the value under key as a decimal int64 ([+-]
+ * and digits only; an absent key is 0), adds delta and stores the sum as
+ * decimal ASCII through rdzv_kv_put. */
+enum rdzv_kv_result rdzv_kv_add(struct rdzv_state *st, struct rdzv_job *j, const char *key,
+                                int64_t delta);
+/* torch's TCPStore compare_set: stores desired when the value under key
+ * equals expected, or when key is absent and exp_len is 0 (through
+ * rdzv_kv_put); RDZV_KV_KEPT or RDZV_KV_ABSENT otherwise. */
+enum rdzv_kv_result rdzv_kv_compare_set(struct rdzv_state *st, struct rdzv_job *j, const char *key,
+                                        const void *expected, size_t exp_len, const void *desired,
+                                        size_t des_len);
 
 /* ---- replies and requests --------------------------------------------- */
 
@@ -199,6 +227,7 @@ enum rdzv_endpoint {
 	RDZV_EP_HEARTBEAT,
 	RDZV_EP_FAILURES,
 	RDZV_EP_KV,
+	RDZV_EP_KV_STORE, /* /kv itself: the store as a whole */
 	RDZV_EP_OTHER,
 	RDZV_EP_COUNT
 };
@@ -232,15 +261,21 @@ struct rdzv_route {
 	bool v1;
 };
 
+/* The methods a v1 endpoint may allow (server_http.c refuses the others). */
+enum rdzv_method { RDZV_GET, RDZV_PUT, RDZV_POST, RDZV_DELETE };
+
 /* One v1 call as the handlers see it: no libmicrohttpd. */
 struct rdzv_call {
 	struct rdzv_route rt;
-	bool put;         /* PUT rather than GET (job, kv) */
+	enum rdzv_method method;
 	const char *body; /* the request body, NUL-terminated; NULL when empty */
 	size_t len;
 	bool query_ok; /* the query arguments below parsed and were in range */
 	int64_t after_round, timeout_ms;
 	int64_t finished; /* a leave: 1 when the worker's training is complete */
+	/* a KV POST: whether ?add=N and ?compare_set&expected_len=L were named */
+	bool add, compare_set;
+	int64_t add_n, expected_len;
 };
 
 enum rdzv_wait_kind { RDZV_WAIT_NONE, RDZV_WAIT_ASSIGN, RDZV_WAIT_KV };
@@ -299,7 +334,7 @@ void rdzv_wait_close_all(struct kolo_rdzv_server *s);
 typedef struct rdzv_reply rdzv_api_fn(struct kolo_rdzv_server *s, struct rdzv_req *r,
                                       const struct rdzv_call *c, uint64_t now);
 rdzv_api_fn rdzv_api_job, rdzv_api_join, rdzv_api_leave, rdzv_api_assignment, rdzv_api_heartbeat,
-        rdzv_api_failure, rdzv_api_kv;
+        rdzv_api_failure, rdzv_api_kv, rdzv_api_kv_store;
 
 /* ---- HTTP (server_http.c, the only file that includes microhttpd.h) --- */
 
@@ -320,7 +355,7 @@ void rdzv_http_resume(struct rdzv_req *r);
 
 /* ---- metrics (server_metrics.c) --------------------------------------- */
 
-#define RDZV_N_CODES 13 /* the status codes counted apart; others count as "other" */
+#define RDZV_N_CODES 14 /* the status codes counted apart; others count as "other" */
 
 /* Counts an answer; takes the lock. */
 void rdzv_metrics_count(struct kolo_rdzv_server *s, enum rdzv_endpoint ep, int code);

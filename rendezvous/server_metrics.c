@@ -17,6 +17,7 @@ static const char *const endpoint_names[RDZV_EP_COUNT] = {
         [RDZV_EP_HEARTBEAT] = "heartbeat",
         [RDZV_EP_FAILURES] = "failures",
         [RDZV_EP_KV] = "kv",
+        [RDZV_EP_KV_STORE] = "kv_store",
         [RDZV_EP_OTHER] = "other",
 };
 
@@ -26,7 +27,7 @@ static const char *const endpoint_names[RDZV_EP_COUNT] = {
 #define TEXT_COUNTER_LINE 96
 
 static const int counted_codes[RDZV_N_CODES] = {200, 201, 202, 204, 400, 401, 404,
-                                                405, 410, 413, 500, 503, 507};
+                                                405, 409, 410, 413, 500, 503, 507};
 
 /* code's column in s->requests; RDZV_N_CODES for "other". */
 static int code_column(int code)

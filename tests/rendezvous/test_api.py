@@ -280,7 +280,7 @@ def test_bad_inputs():
         expect_error(st, b, 400, "timeout_ms")
         # unknown paths, wrong methods
         for p in ["/", "/v1", "/v1/jobs", "/v1/jobs/j/nothing", "/v1/jobs/j/workers/w/x",
-                  "/v1/jobs/j/kv", "/healthz/x"]:
+                  "/v1/jobs/j/kvx", "/healthz/x"]:
             st, b = c.json("GET", p)
             expect_error(st, b, 404)
         for m, p, allow in [("POST", "/healthz", "GET"), ("DELETE", "/v1/jobs/j", "GET, PUT"),
@@ -289,7 +289,8 @@ def test_bad_inputs():
                             ("POST", "/v1/jobs/j/workers/w/assignment", "GET"),
                             ("GET", "/v1/jobs/j/workers/w/heartbeat", "POST"),
                             ("GET", "/v1/jobs/j/failures", "POST"),
-                            ("POST", "/v1/jobs/j/kv/k", "GET, PUT")]:
+                            ("PATCH", "/v1/jobs/j/kv/k", "GET, PUT, POST, DELETE"),
+                            ("PUT", "/v1/jobs/j/kv", "GET"), ("DELETE", "/v1/jobs/j/kv", "GET")]:
             st, data, r = c.req(m, p, "{}")
             expect(st == 405, "%s %s: %s" % (m, p, st))
             expect(r.getheader("Allow") == allow, "Allow %s" % r.getheader("Allow"))
@@ -574,6 +575,130 @@ def test_kv():
         expect(st == 200 and data == b"")
         expect(metric(s.port, "kolo_rdzv_kv_keys") == 2)
         expect(metric(s.port, "kolo_rdzv_kv_bytes") == len(b"\x00\x01binary"))
+        c.close()
+    finally:
+        expect(s.stop() == 0)
+
+
+def test_kv_store_ops():
+    # The c10d store operations: ?add=, ?compare_set, DELETE and the key count.
+    s = Server()
+    try:
+        c = Client(s.port)
+        kv = "/v1/jobs/ks/kv/"
+
+        def post(key, query, body=b""):
+            return c.req("POST", kv + key + "?" + query, body)
+
+        def value(key):
+            st, data, _ = c.req("GET", kv + key)
+            return data if st == 200 else st
+
+        # add: an absent key counts as 0; the answer is the new value
+        st, data, r = post("n", "add=5")
+        expect(st == 200 and data == b"5", (st, data))
+        expect(r.getheader("Content-Type") == "application/octet-stream")
+        for q, want in [("add=-7", b"-2"), ("add=0", b"-2"), ("add=%2B4", b"2")]:
+            st, data, _ = post("n", q)
+            expect(st == 200 and data == want, (q, st, data))
+        expect(value("n") == b"2")
+        st, data, _ = post("m", "add=-9223372036854775808")
+        expect(st == 200 and data == b"-9223372036854775808", data)
+        for q in ["add=", "add", "add=x", "add=1.5", "add=9223372036854775808", "add=1&compare_set",
+                  "", "timeout_ms=5", "compare_set&add=1&expected_len=0"]:
+            st, b = c.json("POST", kv + "n?" + q, b"")
+            expect_error(st, b, 400)
+        st, b = c.json("POST", kv + "n?add=1", b"x")
+        expect_error(st, b, 400, "empty body")
+        c.req("PUT", kv + "text", b"12 ")
+        st, b = c.json("POST", kv + "text?add=1")
+        expect_error(st, b, 409, "value of key text is not an integer")
+        c.req("PUT", kv + "top", b"9223372036854775807")
+        st, b = c.json("POST", kv + "top?add=1")
+        expect_error(st, b, 409, "overflows")
+        expect(value("top") == b"9223372036854775807" and value("text") == b"12 ")
+        expect(metric(s.port, 'kolo_rdzv_requests_total{endpoint="kv",code="409"}') == 2)
+
+        # compare_set: the body is the expected bytes (expected_len) then the desired ones
+        st, b = c.json("POST", kv + "c?compare_set&expected_len=1", b"xnew")
+        expect_error(st, b, 404, "no such key c")
+        expect(value("c") == 404)
+        for q, want in [("compare_set&expected_len=0", b"init"), ("compare_set=&expected_len=0", b"init")]:
+            st, data, _ = post("c", q, b"init")
+            expect(st == 200 and data == want, (st, data))
+        st, data, _ = post("c", "compare_set&expected_len=4", b"init\x00next")
+        expect(st == 200 and data == b"\x00next", data)
+        st, data, _ = post("c", "compare_set&expected_len=4", b"initother")  # a mismatch
+        expect(st == 200 and data == b"\x00next", data)
+        st, data, _ = post("c", "compare_set&expected_len=0", b"other")  # exists: kept
+        expect(st == 200 and data == b"\x00next", data)
+        st, data, _ = post("c", "compare_set&expected_len=5", b"\x00next")  # desired empty
+        expect(st == 200 and data == b"", data)
+        for q, body in [("compare_set", b"ab"), ("compare_set&expected_len=3", b"ab"),
+                        ("compare_set&expected_len=-1", b"ab"), ("compare_set&expected_len=x", b"ab")]:
+            st, b = c.json("POST", kv + "c?" + q, body)
+            expect_error(st, b, 400, "expected_len")
+        st, b = c.json("POST", kv + "c?compare_set&expected_len=0", b"x" * (1024 * 1024 + 1))
+        expect_error(st, b, 413)
+
+        # a GET held for a key is answered by an add or a compare_set that stores it
+        res = {}
+
+        def getter(key):
+            gc = Client(s.port)
+            res[key] = gc.req("GET", kv + key + "?timeout_ms=10000")[:2]
+            gc.close()
+
+        ts = [threading.Thread(target=getter, args=(k,), daemon=True) for k in ("w1", "w2")]
+        for t in ts:
+            t.start()
+        wait_for(lambda: metric(s.port, "kolo_rdzv_long_polls") == 2, what="2 KV waiters")
+        st, data, _ = post("w1", "add=3")
+        expect(st == 200 and data == b"3")
+        st, data, _ = post("w2", "compare_set&expected_len=0", b"set")
+        expect(st == 200 and data == b"set")
+        for t in ts:
+            t.join(10)
+            expect(not t.is_alive(), "held GET not answered")
+        expect(res == {"w1": (200, b"3"), "w2": (200, b"set")}, res)
+
+        # the key count, DELETE, and the totals
+        st, b = c.json("GET", "/v1/jobs/ks/kv")
+        keys = ["n", "m", "text", "top", "c", "w1", "w2"]
+        expect(st == 200 and b == {"num_keys": len(keys)}, (st, b))
+        values = {k: value(k) for k in keys}
+        expect(metric(s.port, "kolo_rdzv_kv_keys") == len(keys))
+        expect(metric(s.port, "kolo_rdzv_kv_bytes") == sum(len(v) for v in values.values()))
+        st, data, _ = c.req("DELETE", kv + "top")
+        expect(st == 204 and data == b"", (st, data))
+        st, b = c.json("DELETE", kv + "top")
+        expect_error(st, b, 404, "no such key top")
+        st, b = c.json("DELETE", kv + "never")
+        expect_error(st, b, 404, "no such key never")
+        expect(value("top") == 404)
+        expect(metric(s.port, "kolo_rdzv_kv_keys") == len(keys) - 1)
+        expect(metric(s.port, "kolo_rdzv_kv_bytes")
+               == sum(len(v) for k, v in values.items() if k != "top"))
+        st, b = c.json("GET", "/v1/jobs/ks/kv")
+        expect(b == {"num_keys": len(keys) - 1}, b)
+        st, data, _ = post("top", "add=1")  # a deleted counter starts from 0
+        expect(st == 200 and data == b"1")
+        # a job is made by its first KV request, as with GET and PUT
+        st, b = c.json("GET", "/v1/jobs/fresh/kv")
+        expect(st == 200 and b == {"num_keys": 0}, b)
+        st, b = c.json("GET", "/v1/jobs/fresh")
+        expect(st == 200 and b["job"] == "fresh", b)
+        expect(metric(s.port, 'kolo_rdzv_requests_total{endpoint="kv_store",code="200"}') == 3)
+
+        # ids, keys and the token as for the other KV requests
+        for m, p in [("POST", kv + "bad%20key?add=1"), ("DELETE", kv + "bad%20key"),
+                     ("GET", "/v1/jobs/bad%20job/kv")]:
+            st, b = c.json(m, p)
+            expect_error(st, b, 400, "invalid")
+        for m, p in [("POST", kv + "n?add=1"), ("DELETE", kv + "n"), ("GET", "/v1/jobs/ks/kv")]:
+            st, b = c.json(m, p, token="wrong")
+            expect_error(st, b, 401)
+        expect(value("n") == b"2")
         c.close()
     finally:
         expect(s.stop() == 0)
