@@ -77,7 +77,8 @@ import sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
 names = set(z.namelist())
 need = ["kolo/__init__.py", "kolo/_lib.py", "kolo/_cli.py", "kolo/torch/__init__.py",
-        "kolo/torch/distributed.py", "kolo/lib/libkolo.so"]
+        "kolo/torch/distributed/__init__.py", "kolo/torch/distributed/_torchrun.py",
+        "kolo/lib/libkolo.so"]
 need += ["kolo/bin/" + b for b in ("kolorun", "kolo-rendezvous", "kolo-info", "kolo-bench")]
 missing = [n for n in need if n not in names]
 stray = [n for n in names if "__pycache__" in n or n.endswith(".pyc")
@@ -160,7 +161,14 @@ grep -q '^verbs: ' <<<"$info" || fail "kolo-info: no verbs section"
 timeout 30 kolo-rendezvous --version || fail "kolo-rendezvous --version exited $?"
 timeout 30 kolo-bench --help >/dev/null || fail "kolo-bench --help exited $?"
 timeout 30 kolorun --help >/dev/null || fail "kolorun --help exited $?"
-took "kolo-info and the console scripts"
+ep=$(timeout 60 python -c '
+from torch.distributed.elastic.rendezvous import registry
+from torch.distributed.elastic.rendezvous.api import rendezvous_handler_registry as r
+registry._register_out_of_tree_handlers()
+print(r._registry["kolo"].__module__)
+') || fail "torchrun does not find --rdzv-backend=kolo through the entry point: $ep"
+[ "$ep" = "kolo.torch.distributed._torchrun" ] || fail "torchrun's kolo handler is $ep"
+took "kolo-info, the console scripts and torchrun's entry point"
 
 echo "== kolorun -np 2 -- python train_digits.py (in $PWD)"
 timeout 240 kolorun -np 2 -- python train_digits.py >"$tmp/train.log" 2>&1
