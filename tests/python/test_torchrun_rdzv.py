@@ -3,10 +3,11 @@ kolo-rendezvous (kolo/torch/distributed/_torchrun.py).
 
 The store is checked operation by operation against torch's own HashStore
 (the same calls, the same answers). The elastic test runs three torchrun
-agents on this machine (--nnodes=2:3 --nproc-per-node=2, DDP on kolo or on
-gloo), each in a session of its own like a host; once every rank of the
-6-rank round has finished step HOLD, the agent of node 0 and its workers are
-SIGKILLed. With kolo the two other agents re-rendezvous and train to the end
+agents (--nnodes=2:3 --nproc-per-node=2, DDP on kolo or on gloo) on three
+hosts: sessions of this machine, and network-namespace hosts on a bridge
+(tests/netns/kolo-netns.sh; root only) with kolo-rendezvous on the bridge;
+once every rank of the 6-rank round has finished step HOLD, a host is lost
+(its agent and workers SIGKILLed). With kolo the two other agents re-rendezvous and train to the end
 from the checkpoint, and the final parameters equal single-process training
 on the concatenated batches of the ranks of each phase. The same run with
 --rdzv-backend=c10d, killing the node whose agent hosts c10d's store (the
@@ -30,7 +31,7 @@ RENDEZVOUS = os.environ.get("KOLO_RENDEZVOUS_BIN", str(REPO / "build" / "bin" /
                                                        "kolo-rendezvous"))
 ENV = {"GLOO_SOCKET_IFNAME": "lo", "KOLO_LOG_LEVEL": "warn"}
 STEPS, HOLD = 16, 5
-RDZV_CONF = "last_call_timeout=3,join_timeout=90,keep_alive_interval=1,keep_alive_max_attempt=3"
+RDZV_CONF = "last_call_timeout=3,join_timeout=150,keep_alive_interval=1,keep_alive_max_attempt=3"
 
 
 @pytest.fixture
@@ -134,14 +135,113 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _agent(rdzv, endpoint, backend, out, env, conf):
+def _port_open(host, port):
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+class LocalHosts:
+    """Hosts that are sessions of this machine: a host's loss is the SIGKILL of
+    its agent and of the workers it started (torch starts them in sessions of
+    their own)."""
+
+    env = {"GLOO_SOCKET_IFNAME": "lo"}
+
+    def __init__(self, server=None):
+        self.server = server
+        self.procs = []
+
+    def addr(self, i):
+        return "127.0.0.1"
+
+    def c10d_endpoint(self):
+        return f"127.0.0.1:{_free_port()}"
+
+    def start(self, i, cmd, env):
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def kill(self, i, held):
+        agent = self.procs[i].pid
+        for pid in [agent] + [p["pid"] for p in held if p["agent"] == agent]:
+            os.kill(pid, signal.SIGKILL)
+
+    def host_of(self, report):
+        return next(i for i, p in enumerate(self.procs) if p.pid == report["agent"])
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+
+
+NETNS = REPO / "tests" / "netns" / "kolo-netns.sh"
+
+
+class NetnsHosts(LocalHosts):
+    """Network-namespace hosts h0..h2 (tests/netns/kolo-netns.sh) on a bridge,
+    kolo-rendezvous on the bridge's address; a host's loss is the SIGKILL of
+    every process in its namespace."""
+
+    env = {"GLOO_SOCKET_IFNAME": "eth0"}
+
+    def __init__(self, token):
+        super().__init__()
+        self.prefix = f"ktr{os.getpid() % 100000}"
+        up = subprocess.run([str(NETNS), "--prefix", self.prefix, "up", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if up.returncode != 0:
+            pytest.skip(f"no network-namespace hosts here: {up.stdout.strip()[-300:]}")
+        self.rdzv = subprocess.Popen(
+            [str(NETNS), "--prefix", self.prefix, "exec", "br", RENDEZVOUS, "--listen",
+             "10.77.0.254:0", "--token-file", str(token)], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)
+        line = self.rdzv.stdout.readline()
+        assert line.startswith("listening on "), line
+        self.server = (f"http://{line.split()[-1]}", token)
+
+    def addr(self, i):
+        return f"10.77.0.{i + 1}"
+
+    def c10d_endpoint(self):
+        return f"{self.addr(0)}:29400"
+
+    def start(self, i, cmd, env):
+        return super().start(i, [str(NETNS), "--prefix", self.prefix, "exec", str(i), *cmd],
+                             env)
+
+    def kill(self, i, held):
+        pids = subprocess.run(["ip", "netns", "pids", f"{self.prefix}-h{i}"],
+                              stdout=subprocess.PIPE, text=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def host_of(self, report):
+        return int(report["host"][1:])
+
+    def close(self):
+        super().close()
+        self.rdzv.kill()
+        self.rdzv.wait(10)
+        subprocess.run([str(NETNS), "--prefix", self.prefix, "down"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+
+def _agent_cmd(i, hosts, rdzv, endpoint, backend, out, conf):
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes=2:3", "--nproc-per-node=2",
            f"--rdzv-backend={rdzv}", f"--rdzv-endpoint={endpoint}", "--rdzv-id=job1",
            f"--rdzv-conf={conf}", "--max-restarts=3", "--monitor-interval=0.5",
+           f"--local-addr={hosts.addr(i)}",
            str(WORKERS / "torchrun_elastic.py"), "--backend", backend, "--steps", STEPS,
            "--out", str(out), "--hold-at", HOLD, "--hold-world", 6]
-    return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    return [str(c) for c in cmd]
 
 
 def _progress(out):
@@ -169,61 +269,74 @@ def _wait_for(pred, limit_s, what, agents):
     pytest.fail(f"{what} did not happen within {limit_s} s\n{logs}")
 
 
-def _run(rdzv, backend, tmp_path, server=None, entry=None):
+def _held(out):
+    held = [p for p in _progress(out) if p["step"] == HOLD and p["world"] == 6]
+    return held if len(held) == 6 else None
+
+
+def _run(hosts, rdzv, backend, tmp_path, entry=None):
+    """Three agents; once the 6-rank round holds, the loss of one host (kolo:
+    the host of node 0; c10d: host 0, whose agent holds c10d's store). Returns
+    (out dir, the survivors' exit codes, their logs, kill time, kill wall time)."""
     out = tmp_path / f"{rdzv}-{backend}"
     out.mkdir()
-    extra = dict(ENV)
     if rdzv == "kolo":
-        url, token = server
-        endpoint, conf = url, f"{RDZV_CONF},token_file={token}"
+        endpoint, token = hosts.server
+        conf = f"{RDZV_CONF},token_file={token}"
     else:
-        endpoint, conf = f"127.0.0.1:{_free_port()}", RDZV_CONF
-    env = worker_env(extra)
+        endpoint, conf = hosts.c10d_endpoint(), RDZV_CONF
+    env = worker_env({**ENV, **hosts.env})
     if entry is not None:
         env["PYTHONPATH"] = f"{entry}{os.pathsep}{env['PYTHONPATH']}"
-    agents = [_agent(rdzv, endpoint, backend, out, env, conf)]
-    if rdzv == "c10d":  # the first agent hosts the store: let it bind first
-        host, port = endpoint.split(":")
+    confs = [conf] * 3
+    if rdzv == "c10d" and isinstance(hosts, NetnsHosts):
+        # torch guesses who hosts the store from the host name, which the namespace hosts
+        # cannot resolve: say it
+        confs = [f"{conf},is_host={int(i == 0)}" for i in range(3)]
+    agents = [hosts.start(0, _agent_cmd(0, hosts, rdzv, endpoint, backend, out, confs[0]), env)]
+    if rdzv == "c10d" and type(hosts) is LocalHosts:
+        host, port = endpoint.split(":")  # every local agent could host it: let host 0 bind
         _wait_for(lambda: _port_open(host, int(port)), 60, "the c10d store", agents)
-    agents += [_agent(rdzv, endpoint, backend, out, env, conf) for _ in range(2)]
+    agents += [hosts.start(i, _agent_cmd(i, hosts, rdzv, endpoint, backend, out, confs[i]), env)
+               for i in (1, 2)]
+    held = _wait_for(lambda: _held(out), 240, "a 6-rank round reaching the hold", agents)
+    victim = 0 if rdzv == "c10d" else hosts.host_of(next(p for p in held if p["node"] == 0))
+    assert len([p for p in held if hosts.host_of(p) == victim]) == 2, held
+    hosts.kill(victim, held)
+    killed_at, killed_wall = time.monotonic(), time.time()
+    (out / "release").write_text("go")
+    survivors = [a for i, a in enumerate(agents) if i != victim]
+    codes = []
+    for a in survivors:
+        try:
+            codes.append(a.wait(max(1.0, 240 - (time.monotonic() - killed_at))))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    for a in survivors:
+        if a.poll() is None:  # its log, for the failure message
+            os.killpg(a.pid, signal.SIGKILL)
+            a.wait(10)
+    logs = [a.stdout.read() for a in survivors]
+    for i, log in enumerate(logs):  # kept beside the run, for a failure's reader
+        (out / f"survivor-{i}.log").write_text(log)
+    return out, codes, logs, killed_at, killed_wall
+
+
+@pytest.fixture(params=["local", "netns"])
+def hosts(request, tmp_path):
+    if request.param == "local":
+        h = LocalHosts(request.getfixturevalue("server"))
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("network-namespace hosts need root")
+        token = tmp_path / "netns-token"
+        token.write_text("t0k3n-" + os.urandom(8).hex() + "\n")
+        os.chmod(token, 0o600)
+        h = NetnsHosts(token)
     try:
-        held = _wait_for(lambda: [p for p in _progress(out)
-                                  if p["step"] == HOLD and p["world"] == 6]
-                         if len([p for p in _progress(out)
-                                 if p["step"] == HOLD and p["world"] == 6]) == 6 else None,
-                         240, "a 6-rank round reaching the hold", agents)
-        # kolo: the node of rank 0; c10d: the node whose agent hosts the store (the first)
-        agent_pid = agents[0].pid if rdzv == "c10d" else \
-            next(p["agent"] for p in held if p["node"] == 0)
-        victim = [p for p in held if p["agent"] == agent_pid]
-        assert len(victim) == 2, held
-        victim_agent = next(a for a in agents if a.pid == agent_pid)
-        for pid in [agent_pid] + [p["pid"] for p in victim]:
-            os.kill(pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        killed_wall = time.time()
-        (out / "release").write_text("go")
-        survivors = [a for a in agents if a is not victim_agent]
-        codes = []
-        for a in survivors:
-            left = max(1.0, 240 - (time.monotonic() - killed_at))
-            try:
-                codes.append(a.wait(left))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-        logs = [a.stdout.read() for a in survivors if a.poll() is not None]
-        return out, codes, logs, killed_at, killed_wall
+        yield h
     finally:
-        for a in agents:
-            if a.poll() is None:
-                os.killpg(a.pid, signal.SIGKILL)
-                a.wait(10)
-
-
-def _port_open(host, port):
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
+        h.close()
 
 
 def _reference():
@@ -245,8 +358,8 @@ def _reference():
 
 
 @pytest.mark.parametrize("backend", ["kolo", "gloo"])
-def test_kolo_rendezvous_survives_the_loss_of_node_0(server, entry_point, tmp_path, backend):
-    out, codes, logs, _, killed_wall = _run("kolo", backend, tmp_path, server, entry_point)
+def test_kolo_rendezvous_survives_the_loss_of_node_0(hosts, entry_point, tmp_path, backend):
+    out, codes, logs, _, killed_wall = _run(hosts, "kolo", backend, tmp_path, entry_point)
     assert codes == [0, 0], "\n".join(logs)[-6000:]
     done = json.loads((out / "done.json").read_text())
     assert done["world"] == 4 and done["same_on_every_rank"]
@@ -255,15 +368,16 @@ def test_kolo_rendezvous_survives_the_loss_of_node_0(server, entry_point, tmp_pa
     assert max(p["step"] for p in after) == STEPS
     assert {p["node"] for p in after} == {0, 1}
     assert done["params"] == pytest.approx(_reference(), abs=1e-5)
-    print(f"kolo rendezvous, DDP on {backend}: training again on 4 ranks "
-          f"{min(p['t'] for p in after) - killed_wall:.1f} s after the SIGKILL")
+    print(f"{type(hosts).__name__}: kolo rendezvous, DDP on {backend}: training again on 4 "
+          f"ranks {min(p['t'] for p in after) - killed_wall:.1f} s after the SIGKILL")
 
 
-def test_c10d_rendezvous_loses_the_job_with_node_0(tmp_path):
-    out, codes, logs, killed_at, _ = _run("c10d", "gloo", tmp_path)
+def test_c10d_rendezvous_loses_the_job_with_node_0(hosts, tmp_path):
+    out, codes, logs, killed_at, _ = _run(hosts, "c10d", "gloo", tmp_path)
     assert not (out / "done.json").exists()
-    assert all(c not in (0,) for c in codes), codes
+    assert all(c != 0 for c in codes), codes
     why = sorted({line.strip() for log in logs for line in log.splitlines()
                   if "Error" in line and ("rendezvous" in line.lower() or "store" in line.lower())})
-    print(f"c10d: survivors ended with {codes} {time.monotonic() - killed_at:.1f} s after the "
-          f"SIGKILL: {why[-1][:300] if why else '(no message)'}")
+    print(f"{type(hosts).__name__}: c10d: survivors ended with {codes} "
+          f"{time.monotonic() - killed_at:.1f} s after the SIGKILL: "
+          f"{why[-1][:300] if why else '(no message)'}")

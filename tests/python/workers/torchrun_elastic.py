@@ -13,6 +13,7 @@ With --hold-at, a world of W ranks stops after step K until the test creates
 DIR/release (the test kills a node meanwhile; bounded: 120 s)."""
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -60,7 +61,8 @@ def main():
     p.add_argument("--hold-world", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group(args.backend)
+    # a bounded init: a round whose peer crashed while connecting fails and is restarted
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=LR)
@@ -85,7 +87,8 @@ def main():
         log.write(json.dumps({"rank": rank, "world": world, "node": int(os.environ["GROUP_RANK"]),
                               "agent": os.getppid(), "pid": os.getpid(), "step": step + 1,
                               "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                              "loss": loss.item(), "t": time.time()}) + "\n")
+                              "loss": loss.item(), "t": time.time(),
+                              "host": os.environ.get("KOLO_HOSTNAME", "local")}) + "\n")
         if step + 1 == args.hold_at and world == args.hold_world:
             hold(os.path.join(args.out, "release"))
     params = torch.cat([q.detach().reshape(-1) for q in m.parameters()]).tolist()
@@ -95,7 +98,15 @@ def main():
         with open(os.path.join(args.out, "done.json"), "w") as f:
             json.dump({"world": world, "same_on_every_rank": all(g == params for g in gathered),
                        "params": params}, f)
+    # Rank 0 hosts this round's TCPStore: it leaves last, so that no rank tears down its
+    # group against a store that has gone (gloo aborts the process then).
+    store = dist.distributed_c10d._get_default_store()
     dist.destroy_process_group()
+    store.add("left", 1)
+    if rank == 0:
+        end = time.monotonic() + 60
+        while store.add("left", 0) < world and time.monotonic() < end:
+            time.sleep(0.05)
     return 0
 
 
