@@ -27,8 +27,8 @@ import pytest
 from conftest import PYTHON, REPO, WORKERS, requires_torch, worker_env
 
 pytestmark = requires_torch
-RENDEZVOUS = os.environ.get("KOLO_RENDEZVOUS_BIN", str(REPO / "build" / "bin" /
-                                                       "kolo-rendezvous"))
+RENDEZVOUS = os.path.join(os.environ.get("KOLO_BIN_DIR", str(REPO / "build" / "bin")),
+                          "kolo-rendezvous")
 ENV = {"GLOO_SOCKET_IFNAME": "lo", "KOLO_LOG_LEVEL": "warn"}
 STEPS, HOLD = 16, 5
 RDZV_CONF = "last_call_timeout=3,join_timeout=150,keep_alive_interval=1,keep_alive_max_attempt=3"
