@@ -3,7 +3,8 @@
 PUT and GET (which long-polls for an absent key), and the operations that
 are atomic on the server: add, compare_set, delete, the number of keys.
 Requests that cannot reach the server (refused, reset: the server is
-restarting) are retried with backoff for up to ``retry_s``; what the server
+restarting) are retried with backoff for up to ``retry_s`` (add and
+compare_set only when refused: they are not idempotent); what the server
 answers is never retried."""
 
 from __future__ import annotations
@@ -82,7 +83,10 @@ class RendezvousKV:
             except urllib.error.HTTPError as e:
                 return e.code, e.read()
             except (urllib.error.URLError, ConnectionError) as e:
-                if time.monotonic() + delay > deadline:
+                # add and compare_set are not idempotent: resend them only when the
+                # connection was refused, so the server cannot have applied them
+                refused = isinstance(getattr(e, "reason", e), ConnectionRefusedError)
+                if (method == "POST" and not refused) or time.monotonic() + delay > deadline:
                     raise ConnectionError(f"kolo: rendezvous server {self.url} unreachable for "
                                           f"{self.retry_s:.0f} s: {e}") from e
                 time.sleep(delay)  # backoff before reconnecting, not synchronisation
@@ -119,6 +123,12 @@ class RendezvousKV:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"kolo: store key {key!r} was not set within "
                                    f"{timeout_s:.0f} s")
+
+    def wait(self, keys, timeout_s: float) -> None:
+        """Waits until every key of ``keys`` is set, timeout_s for them all."""
+        deadline = time.monotonic() + timeout_s
+        for key in keys:
+            self.get(key, max(0.0, deadline - time.monotonic()))
 
     def add(self, key: str, amount: int) -> int:
         code, body = self._request("POST", key, b"", f"?add={int(amount)}", 30.0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, List
 
 import torch
@@ -70,10 +69,7 @@ class KoloStore(dist.Store):
 
     def wait(self, keys: List[str], timeout: Any = None) -> None:
         t = self._seconds() if timeout is None else _timeout_s(timeout)
-        kv = self._need_kv("wait")
-        deadline = time.monotonic() + t
-        for k in keys:
-            kv.get(self._kv_key(k), max(0.0, deadline - time.monotonic()))
+        self._need_kv("wait").wait([self._kv_key(k) for k in keys], t)
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
         raise RuntimeError("kolo: KoloStore has no compare_set (set, get, wait and the "

@@ -40,14 +40,11 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     create_handler as _torch_create_handler,
 )
 
+from ._common import _timeout_s
 from ._kv import RendezvousKV, kv_key, read_token
 
 NAME = "kolo"
 _STATE_KEY = "torchrun/state"
-
-
-def _seconds(t: Any) -> float:
-    return t.total_seconds() if isinstance(t, datetime.timedelta) else float(t)
 
 
 def _bytes(v: Any) -> bytes:
@@ -69,7 +66,7 @@ class RendezvousKVStore(dist.Store):
         return kv_key(self._prefix, key)
 
     def _timeout(self, timeout: Any = None) -> float:
-        return _seconds(self.timeout if timeout is None else timeout)
+        return _timeout_s(self.timeout if timeout is None else timeout)
 
     def set(self, key: str, value: Any) -> None:
         self._kv.put(self._k(key), _bytes(value))
@@ -86,11 +83,7 @@ class RendezvousKVStore(dist.Store):
         return exp if now is None else now  # TCPStore's answer for an absent key
 
     def wait(self, keys: List[str], timeout: Any = None) -> None:
-        t = self._timeout(timeout)
-        deadline = datetime.datetime.now() + datetime.timedelta(seconds=t)
-        for key in keys:
-            left = max(0.0, (deadline - datetime.datetime.now()).total_seconds())
-            self._kv.get(self._k(key), left)
+        self._kv.wait([self._k(k) for k in keys], self._timeout(timeout))
 
     def check(self, keys: List[str]) -> bool:
         return all(self._kv.try_get(self._k(k)) is not None for k in keys)
