@@ -192,5 +192,12 @@ kolo_status_t kolo_handle_poll_done(kolo_handle_t *h, int *done);
 kolo_status_t kolo_handle_wait_release(kolo_handle_t *h, struct kolo_errbuf *eb);
 void kolo_handle_drop(kolo_handle_t *h);
 void *kolo_handle_owner(const kolo_handle_t *h);
+/* For other producers of handles (p2p/): a handle starts with refs
+ * references, the producer's and the caller's when it is given out;
+ * complete marks it done, wakes its waiters and drops the producer's; a
+ * handle never given out is discarded. */
+kolo_handle_t *fusion_handle_create(void *owner, int refs);
+void fusion_handle_complete(kolo_handle_t *h, kolo_status_t st, const char *msg);
+void fusion_handle_discard(kolo_handle_t *h);
 
 #endif /* KOLO_FUSION_H */

@@ -431,14 +431,7 @@ struct kolo_engine {
 	uint64_t cycles;
 };
 
-/* Handles (handle.c). A handle starts with refs references: the engine's,
- * and the caller's when it is given out. */
-kolo_handle_t *fusion_handle_create(void *owner, int refs);
-/* Marks it done with st and msg, wakes its waiters, drops the engine's
- * reference. */
-void fusion_handle_complete(kolo_handle_t *h, kolo_status_t st, const char *msg);
-/* Frees a handle that was never given out (an enqueue that failed). */
-void fusion_handle_discard(kolo_handle_t *h);
+/* Handles (handle.c): fusion_handle_create/complete/discard in fusion.h. */
 
 /* Queued operations (engine.c). */
 void fusion_queued_op_free(struct fusion_queued_op *o);
