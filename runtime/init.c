@@ -195,16 +195,12 @@ static kolo_status_t hier_setup(struct kolo_comm *comm)
 	return KOLO_OK;
 }
 
-/* The transport for the current assignment, listening. */
-kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
-                                            struct kolo_transport_handle *out)
+/* The transport configuration for the current assignment (the data plane's
+ * and the p2p endpoint's). */
+void kolo_runtime_transport_config(struct kolo_comm *comm, struct kolo_transport_config *out)
 {
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
-	const struct kolo_transport_ops *net = NULL;
-	kolo_status_t nst = kolo_runtime_net_select(comm, &net);
-	if (nst != KOLO_OK)
-		return nst;
-	struct kolo_transport_config tc = {
+	*out = (struct kolo_transport_config){
 	        .job = comm->job,
 	        .round = a->round,
 	        .rank = a->rank,
@@ -222,7 +218,6 @@ kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
 	                KOLO_MAX(kolo_param_int(KOLO_P_PROBE_TIMEOUT_MS), 1), INT32_MAX),
 	        .tcp_chunk_bytes = (size_t)KOLO_MAX(kolo_param_int(KOLO_P_TCP_CHUNK_BYTES), 0),
 	        .shm_ring_bytes = (size_t)KOLO_MAX(kolo_param_int(KOLO_P_SHM_BUFFER), 0),
-	        .net = net,
 	        .ib_device = kolo_param_str(KOLO_P_IB_DEVICE),
 	        .ib_port = (int)KOLO_MAX(kolo_param_int(KOLO_P_IB_PORT), 0),
 	        .ib_gid_index = (int)KOLO_MAX(kolo_param_int(KOLO_P_IB_GID_INDEX), -1),
@@ -232,6 +227,20 @@ kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
 	        .verbs_mr_cache = (int)KOLO_MIN(KOLO_MAX(kolo_param_int(KOLO_P_VERBS_MR_CACHE), 0),
 	                                        INT32_MAX),
 	};
+}
+
+/* The transport for the current assignment, listening. */
+kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
+                                            struct kolo_transport_handle *out)
+{
+	const struct kolo_rdzv_assignment *a = &comm->assignment;
+	const struct kolo_transport_ops *net = NULL;
+	kolo_status_t nst = kolo_runtime_net_select(comm, &net);
+	if (nst != KOLO_OK)
+		return nst;
+	struct kolo_transport_config tc;
+	kolo_runtime_transport_config(comm, &tc);
+	tc.net = net;
 	bool *same_host = calloc((size_t)a->size, sizeof(bool));
 	if (!same_host)
 		return kolo_comm_fail(comm, KOLO_ENOMEM, "out of memory");
@@ -313,6 +322,7 @@ struct kolo_comm *kolo_runtime_comm_new(void)
 	pthread_mutex_init(&comm->engine_lock, NULL);
 	pthread_mutex_init(&comm->elastic_lock, NULL);
 	pthread_mutex_init(&comm->device_lock, NULL);
+	pthread_mutex_init(&comm->p2p_lock, NULL);
 	atomic_init(&comm->aborted, false);
 	int64_t to = kolo_param_int(KOLO_P_TIMEOUT_MS);
 	comm->timeout_ms = (int)KOLO_MAX(KOLO_MIN(to, INT32_MAX), 1);
@@ -333,6 +343,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 		return;
 	kolo_runtime_metrics_stop(comm);
 	kolo_runtime_elastic_stop(comm);
+	kolo_runtime_p2p_destroy(comm, KOLO_ESHUTDOWN, "the comm was freed");
 	kolo_engine_destroy(comm->engine);
 	kolo_device_nccl_reset(comm);
 	kolo_device_state_destroy(comm->device);
@@ -343,6 +354,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 	kolo_rdzv_assignment_fini(&comm->assignment);
 	pthread_mutex_destroy(&comm->engine_lock);
 	pthread_mutex_destroy(&comm->elastic_lock);
+	pthread_mutex_destroy(&comm->p2p_lock);
 	pthread_mutex_destroy(&comm->device_lock);
 	if (comm->token) {
 		memset(comm->token, 0, strlen(comm->token));
@@ -576,6 +588,7 @@ KOLO_API void kolo_abort(kolo_comm_t *comm)
 	if (comm->engine)
 		kolo_engine_abort(comm->engine, KOLO_ECLOSED);
 	pthread_mutex_unlock(&comm->engine_lock);
+	kolo_runtime_p2p_close(comm, KOLO_ECLOSED, "the comm was aborted (kolo_abort)");
 	pthread_mutex_lock(&comm->elastic_lock);
 	struct kolo_ring_comm *ring = comm->elastic ? comm->live_ring : comm->ring;
 	if (ring)
@@ -592,6 +605,7 @@ KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm)
 	kolo_engine_destroy(comm->engine);
 	comm->engine = NULL;
 	bool failed = comm_failed(comm);
+	kolo_runtime_p2p_destroy(comm, KOLO_ESHUTDOWN, "the comm was finalized");
 	if (comm->ring)
 		finalize_sync(comm, failed);
 	kolo_ring_comm_destroy(comm->ring);

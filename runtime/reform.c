@@ -61,6 +61,7 @@ static void data_plane_teardown(struct kolo_comm *comm)
 	 * thread stops at once (its ring is aborted). */
 	kolo_engine_abort(engine, KOLO_EMEMBERSHIP);
 	kolo_engine_destroy(engine);
+	kolo_runtime_p2p_destroy(comm, KOLO_EMEMBERSHIP, "the membership changed");
 	/* The round's NCCL communicator goes with its ring (ncclCommAbort: a
 	 * lost member never finishes); the next round forms its own. */
 	kolo_device_nccl_reset(comm);

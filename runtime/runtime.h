@@ -52,6 +52,11 @@ struct kolo_comm {
 	 * guards its creation. */
 	struct kolo_device_state *device;
 	pthread_mutex_t device_lock;
+	/* Point-to-point (p2p.c): NULL until the first send or recv of the
+	 * round; p2p_lock guards its creation and teardown. */
+	struct kolo_p2p *p2p;
+	void *p2p_ctx;
+	pthread_mutex_t p2p_lock;
 };
 
 /* Tells the launcher (kolorun, through the pipe named by KOLO_LAUNCHER_FD)
@@ -64,6 +69,12 @@ struct kolo_engine_config; /* fusion/ */
 /* The fusion engine's configuration from the KOLO_* parameters (and
  * Horovod's names for them). */
 void kolo_runtime_engine_config(struct kolo_engine_config *cfg);
+
+/* Point-to-point (p2p.c). close: fails the pending and later operations of
+ * the round (thread-safe, non-blocking); destroy: closes, stops and frees
+ * the round's p2p, the next send or recv makes a new one. */
+void kolo_runtime_p2p_close(struct kolo_comm *comm, kolo_status_t st, const char *why);
+void kolo_runtime_p2p_destroy(struct kolo_comm *comm, kolo_status_t st, const char *why);
 
 /* Records st and its message as the comm's last error and returns st. */
 kolo_status_t kolo_comm_fail(struct kolo_comm *comm, kolo_status_t st, const char *fmt, ...)
@@ -79,6 +90,8 @@ kolo_status_t kolo_runtime_data_plane_create(struct kolo_comm *comm);
  * or from the KV. */
 kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
                                             struct kolo_transport_handle *out);
+struct kolo_transport_config;
+void kolo_runtime_transport_config(struct kolo_comm *comm, struct kolo_transport_config *out);
 kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm);
 /* The transport between hosts that KOLO_TRANSPORT asks for (net_select.c):
  * TCP, verbs (an error without an active RDMA port), or auto (verbs when

@@ -83,6 +83,34 @@ KOLO_API kolo_status_t kolo_reducescatter_async(kolo_comm_t *comm, const char *n
 KOLO_API kolo_status_t kolo_barrier_async(kolo_comm_t *comm, kolo_callback_fn cb, void *cb_arg,
                                           kolo_handle_t **handle);
 
+/* Point-to-point, between any two ranks, beside the collectives (they run
+ * on an endpoint and a thread of their own, made on the first call).
+ * kolo_send_async queues `bytes` bytes of buf for rank dst with tag; it
+ * completes once they are handed to the transport. kolo_recv_async receives
+ * a message of exactly `bytes` bytes with tag from src, or from any rank
+ * (KOLO_ANY_SOURCE), into buf; *source (may be NULL) names the sender when it
+ * completes. Matching is MPI's: a recv takes the earliest message from its
+ * source (or any) with its tag; one sender's messages with one tag arrive in
+ * order; a message that comes before its recv waits in memory. A message of
+ * another size fails the recv with KOLO_EMISMATCH and stays. A recv without
+ * a message, or a send to a rank that never calls send or recv, fails after
+ * KOLO_TIMEOUT_MS with KOLO_ETIMEDOUT. A peer that goes fails the round's
+ * pending point-to-point operations (KOLO_EPEER; in an elastic job
+ * KOLO_EMEMBERSHIP), as does a failed or aborted comm. Host memory only.
+ * Callbacks and handles as for the collectives. */
+#define KOLO_ANY_SOURCE (-1)
+KOLO_API kolo_status_t kolo_send_async(kolo_comm_t *comm, const void *buf, size_t bytes, int dst,
+                                       int tag, kolo_callback_fn cb, void *cb_arg,
+                                       kolo_handle_t **handle);
+KOLO_API kolo_status_t kolo_recv_async(kolo_comm_t *comm, void *buf, size_t bytes, int src, int tag,
+                                       int *source, kolo_callback_fn cb, void *cb_arg,
+                                       kolo_handle_t **handle);
+/* The blocking forms: the async call and kolo_wait. */
+KOLO_API kolo_status_t kolo_send(kolo_comm_t *comm, const void *buf, size_t bytes, int dst,
+                                 int tag);
+KOLO_API kolo_status_t kolo_recv(kolo_comm_t *comm, void *buf, size_t bytes, int src, int tag,
+                                 int *source);
+
 /* *done = true once the operation has completed (successfully or not). */
 KOLO_API kolo_status_t kolo_poll(kolo_handle_t *handle, int *done);
 /* Blocks until the operation completes, returns its status and releases the

@@ -844,6 +844,57 @@ def barrier() -> None:
     barrier_async().wait()
 
 
+# ---- point-to-point ----------------------------------------------------------
+
+ANY_SOURCE = -1
+
+
+def _p2p_args(peer: Optional[int], tag: int, what: str) -> tuple:
+    n = size()
+    if peer is not None and (not isinstance(peer, int) or not 0 <= peer < n):
+        raise ValueError(f"kolo: {what}: rank {peer!r} is not in the job (size {n})")
+    if peer is not None and peer == rank():
+        raise ValueError(f"kolo: {what}: rank {peer} is this rank")
+    if not isinstance(tag, int) or not -2**31 <= tag < 2**31:
+        raise ValueError(f"kolo: {what}: tag {tag!r} is not a 32-bit integer")
+    return (ANY_SOURCE if peer is None else peer), tag
+
+
+def send_async(tensor: Any, dst: int, tag: int = 0) -> Handle:
+    """Sends the bytes of ``tensor`` (host memory) to rank ``dst`` with
+    ``tag``. Completes once they are handed to the transport; the tensor must
+    stay unchanged until then. Messages from one rank with one tag arrive in
+    the order sent."""
+    b = buffer(tensor, "send tensor")
+    dst, tag = _p2p_args(dst, tag, "send")
+    return _enqueue("kolo_send_async", f"send to rank {dst} (tag {tag})",
+                    [b.ptr, b.nbytes, dst, tag], (b,))
+
+
+def recv_async(tensor: Any, src: Optional[int] = None, tag: int = 0) -> Handle:
+    """Receives a message of exactly ``tensor``'s size with ``tag`` from rank
+    ``src`` (None: from any rank) into ``tensor``. ``wait()`` returns the
+    sender's rank. A message of another size raises MismatchError and stays
+    for a recv that fits."""
+    b = buffer(tensor, "recv tensor")
+    src, tag = _p2p_args(src, tag, "recv")
+    source = ctypes.c_int(-1)
+    who = "any rank" if src == ANY_SOURCE else f"rank {src}"
+    return _enqueue("kolo_recv_async", f"recv from {who} (tag {tag})",
+                    [b.ptr, b.nbytes, src, tag, ctypes.byref(source)], (b, source),
+                    lambda: source.value)
+
+
+def send(tensor: Any, dst: int, tag: int = 0) -> None:
+    """:func:`send_async` and wait."""
+    send_async(tensor, dst, tag).wait()
+
+
+def recv(tensor: Any, src: Optional[int] = None, tag: int = 0) -> int:
+    """:func:`recv_async` and wait; returns the sender's rank."""
+    return recv_async(tensor, src, tag).wait()
+
+
 def join() -> int:
     """This rank has no more data: it takes part in the others' allreduces
     with zeros until every rank has joined. Returns the last rank to join."""
@@ -943,6 +994,7 @@ __all__ = [
     "local_size", "cross_rank", "cross_size", "round", "last_error", "allreduce_async",
     "grouped_allreduce_async", "allgather_async", "broadcast_async", "alltoall_async",
     "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
+    "send_async", "recv_async", "send", "recv", "ANY_SOURCE",
     "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",
     "elastic_leave", "elastic_done", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
     "run",

@@ -151,6 +151,16 @@ PROTOTYPES = {
          c_callback, c_void_p, P(c_handle_p)],
     ),
     "kolo_barrier_async": (c_status, [c_comm_p, c_callback, c_void_p, P(c_handle_p)]),
+    "kolo_send_async": (
+        c_status, [c_comm_p, c_void_p, c_size_t, c_int, c_int, c_callback, c_void_p, P(c_handle_p)],
+    ),
+    "kolo_recv_async": (
+        c_status,
+        [c_comm_p, c_void_p, c_size_t, c_int, c_int, P(c_int), c_callback, c_void_p,
+         P(c_handle_p)],
+    ),
+    "kolo_send": (c_status, [c_comm_p, c_void_p, c_size_t, c_int, c_int]),
+    "kolo_recv": (c_status, [c_comm_p, c_void_p, c_size_t, c_int, c_int, P(c_int)]),
     "kolo_poll": (c_status, [c_handle_p, P(c_int)]),
     "kolo_wait": (c_status, [c_handle_p]),
     "kolo_handle_release": (None, [c_handle_p]),

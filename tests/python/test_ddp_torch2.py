@@ -95,6 +95,24 @@ def _train_reference(kind, size):
     return params
 
 
+def p2p_value(src, dst, k=0):
+    """What workers/ddp_torch2.py's p2p() sends from src to dst."""
+    return [float(i + 100 * src + 10 * dst + k) for i in range(5)]
+
+
+def test_point_to_point_matches_gloo_and_the_values_sent(run):
+    size, out = run
+    kolo, gloo = out[("p2p", "kolo")], out[("p2p", "gloo")]
+    for rank in range(size):
+        k, g = ({x: v for x, v in d[rank].items() if x != "backend"} for d in (kolo, gloo))
+        assert k == g, (rank, k, g)
+        prv, nxt = (rank - 1) % size, (rank + 1) % size
+        assert kolo[rank]["ring"] == p2p_value(prv, rank)
+        assert kolo[rank]["dtypes"] == [[i * (prv + 1) for i in range(7)], [prv + 0.5] * 3]
+    assert kolo[1]["tags"] == [p2p_value(0, 1, 5), p2p_value(0, 1, 6)]
+    assert kolo[0]["any"] == [[r, p2p_value(r, 0)] for r in range(1, size)]
+
+
 @pytest.mark.parametrize("kind", ["fsdp2", "zero"])
 def test_training_matches_gloo_and_single_process(run, kind):
     size, out = run

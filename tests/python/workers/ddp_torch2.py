@@ -40,6 +40,50 @@ def functional(pg, size):
     return {k: funcol.wait_tensor(v).tolist() for k, v in out.items()}
 
 
+def p2p_value(src, dst, k=0):
+    return torch.arange(5, dtype=torch.float64) + 100 * src + 10 * dst + k
+
+
+def p2p(pg, rank, size):
+    """Point-to-point on group pg: a ring through batch_isend_irecv, tags
+    received out of order, recv from any source, isend/irecv of other dtypes."""
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    got = torch.zeros(5, dtype=torch.float64)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, p2p_value(rank, nxt), nxt, pg),
+                                   dist.P2POp(dist.irecv, got, prv, pg)])
+    for r in reqs:
+        r.wait()
+    out = {"ring": got.tolist()}
+    if rank == 0:
+        dist.send(p2p_value(0, 1, 5), 1, group=pg, tag=5)
+        dist.send(p2p_value(0, 1, 6), 1, group=pg, tag=6)
+    elif rank == 1:
+        a, b = torch.zeros(5, dtype=torch.float64), torch.zeros(5, dtype=torch.float64)
+        w6 = dist.irecv(b, 0, group=pg, tag=6)
+        w5 = dist.irecv(a, 0, group=pg, tag=5)
+        w6.wait()
+        w5.wait()
+        out["tags"] = [a.tolist(), b.tolist()]
+    if rank == 0:
+        seen = []
+        for _ in range(size - 1):
+            t = torch.zeros(5, dtype=torch.float64)
+            src = dist.recv(t, None, group=pg, tag=9)
+            seen.append([src, t.tolist()])
+        out["any"] = sorted(seen)
+    else:
+        dist.send(p2p_value(rank, 0), 0, group=pg, tag=9)
+    ints = torch.zeros(7, dtype=torch.int64)
+    bf = torch.zeros(3, dtype=torch.bfloat16)
+    w = [dist.isend(torch.arange(7, dtype=torch.int64) * (rank + 1), nxt, group=pg, tag=1),
+         dist.isend(torch.full((3,), rank + 0.5, dtype=torch.bfloat16), nxt, group=pg, tag=2),
+         dist.irecv(bf, prv, group=pg, tag=2), dist.irecv(ints, prv, group=pg, tag=1)]
+    for x in w:
+        x.wait()
+    out["dtypes"] = [ints.tolist(), bf.float().tolist()]
+    return out
+
+
 def model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16),
@@ -114,6 +158,7 @@ def main():
 
     for backend, pg, mesh in (("kolo", world, kolo_mesh), ("gloo", gloo, gloo_mesh)):
         report({"case": "functional", "backend": backend, **functional(pg, size)})
+        report({"case": "p2p", "backend": backend, **p2p(pg, rank, size)})
         report({"case": "fsdp2", "backend": backend, **fsdp2(mesh, rank)})
         report({"case": "zero", "backend": backend, **zero(pg, rank)})
 

@@ -91,14 +91,17 @@ class ProcessGroupKolo(dist.ProcessGroup):
         b = self._broken
         if b is not None:
             raise _again(b, f"{kind}: an earlier operation of process group {self._gid} failed")
+        # Point-to-point involves two ranks, not all: it takes no number of
+        # the collectives' sequence, whose names every rank must agree on.
+        p2p = kind in ("send", "recv")
         with self._issue_lock:
-            name = f"c10d.{self._gid}.{self._seq}.{kind}"
+            name = f"c10d.{self._gid}.{'p2p' if p2p else self._seq}.{kind}"
             try:
                 handles = launch(name)
             except kolo.Error as e:
                 self._failed(e)
                 raise
-            self._seq += 1
+            self._seq += 0 if p2p else 1
             op = _Op(name, handles, outputs, finish)
             with self._idle:
                 self._pending += 1
@@ -124,6 +127,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
                     results.append(h.wait())
                 except BaseException as e:  # noqa: B036 - every handle must be waited for
                     failure = failure or e
+            op.results = results
             if failure is None and op.finish is not None:
                 try:
                     op.finish(results)
@@ -469,15 +473,29 @@ class ProcessGroupKolo(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Any:
         return self._issue("barrier", [], lambda n: [kolo.barrier_async()])
 
-    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        raise RuntimeError("kolo: send/isend is not supported: kolo has collectives only, no "
-                           "point-to-point operations (use a gloo group for them: "
-                           "dist.new_group(backend='gloo'))")
+    # -- point-to-point: kolo's own endpoint per rank, beside the collectives;
+    # CUDA tensors go through a host copy --
 
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
+        t = _flat(_one(tensors, "send"), "send tensor")
+        host = t if t.device.type == "cpu" else t.cpu()
+        return self._issue("send", tensors, lambda n: [kolo.send_async(host, dst, tag)])
+
+    def _recv(self, tensors: List[torch.Tensor], src: int, tag: int) -> tuple:
+        t = _flat(_one(tensors, "recv"), "recv tensor")
+        host = t if t.device.type == "cpu" else torch.empty_like(t, device="cpu")
+
+        def finish(results: list) -> None:
+            if host is not t:
+                t.copy_(host)
+
+        return (lambda n: [kolo.recv_async(host, None if src < 0 else src, tag)]), finish
+
+    # _issue is called from the methods torch calls (it looks at its caller's caller).
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Any:
-        raise RuntimeError("kolo: recv/irecv is not supported: kolo has collectives only, no "
-                           "point-to-point operations (use a gloo group for them: "
-                           "dist.new_group(backend='gloo'))")
+        launch, finish = self._recv(tensors, src, tag)
+        return self._issue("recv", tensors, launch, finish)
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> Any:
-        return self.recv(tensors, -1, tag)
+        launch, finish = self._recv(tensors, -1, tag)
+        return self._issue("recv", tensors, launch, finish)

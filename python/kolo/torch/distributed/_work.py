@@ -60,7 +60,8 @@ class _Op:
     """One operation in flight: its kolo handles, the futures and the event
     the completion thread sets."""
 
-    __slots__ = ("name", "handles", "outputs", "finish", "inner", "future", "done", "failure")
+    __slots__ = ("name", "handles", "outputs", "finish", "inner", "future", "done", "failure",
+                 "results")
 
     def __init__(self, name: str, handles: list, outputs: Any,
                  finish: Optional[Callable[[list], None]]):
@@ -78,6 +79,7 @@ class _Op:
         self.future = self.inner.then(_unwrap)
         self.done = threading.Event()
         self.failure: Optional[BaseException] = None
+        self.results: list = []
 
 
 class _Work(dist.Work):
@@ -121,7 +123,14 @@ class _Work(dist.Work):
         pass
 
     def source_rank(self) -> int:
-        raise RuntimeError("kolo: source_rank() belongs to recv, which kolo does not have")
+        """The sender of a completed recv (torch's recv from any source)."""
+        if not self._op.name.endswith(".recv"):
+            raise RuntimeError(f"kolo: source_rank() of {self._op.name}, which is not a recv")
+        self.wait()
+        return int(self._op.results[0])
+
+    def _source_rank(self) -> int:
+        return self.source_rank()
 
 
 def _called_from_c10d() -> bool:
