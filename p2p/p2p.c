@@ -128,8 +128,7 @@ static void sleep_until_work(struct kolo_p2p *p, uint64_t now, bool failed)
 	int fd = p->t->ops->poll_fd ? p->t->ops->poll_fd(p->t) : -1;
 	uint64_t until = KOLO_MIN(p2p_next_deadline(p), p->next_health_ms);
 	int to = failed ? -1 : (int)KOLO_MIN(until > now ? until - now : 0, (uint64_t)HEALTH_MS);
-	struct pollfd pfd[2] = {{.fd = p->wake_fd, .events = POLLIN},
-	                        {.fd = fd, .events = POLLIN}};
+	struct pollfd pfd[2] = {{.fd = p->wake_fd, .events = POLLIN}, {.fd = fd, .events = POLLIN}};
 	if (fd < 0 && !failed) {
 		/* A transport without a pollable fd: its own wait, in short slices. */
 		p->t->ops->wait(p->t, KOLO_MIN(to, 1));
@@ -301,8 +300,13 @@ static struct p2p_op *op_new(bool is_send, void *buf, size_t len, int peer, int 
 {
 	struct p2p_op *op = calloc(1, sizeof(*op));
 	if (op)
-		*op = (struct p2p_op){.is_send = is_send, .peer = peer, .tag = tag, .buf = buf,
-		                      .len = len, .cb = cb, .cb_arg = cb_arg};
+		*op = (struct p2p_op){.is_send = is_send,
+		                      .peer = peer,
+		                      .tag = tag,
+		                      .buf = buf,
+		                      .len = len,
+		                      .cb = cb,
+		                      .cb_arg = cb_arg};
 	return op;
 }
 
@@ -320,8 +324,8 @@ kolo_status_t kolo_p2p_send(struct kolo_p2p *p, const void *buf, size_t len, int
 }
 
 kolo_status_t kolo_p2p_recv(struct kolo_p2p *p, void *buf, size_t len, int src, int tag,
-                            int *source, kolo_callback_fn cb, void *cb_arg,
-                            kolo_handle_t **handle, struct kolo_errbuf *eb)
+                            int *source, kolo_callback_fn cb, void *cb_arg, kolo_handle_t **handle,
+                            struct kolo_errbuf *eb)
 {
 	KOLO_CHECK(check_peer(p, src, true, eb));
 	if (!buf && len)

@@ -70,7 +70,7 @@ kolo_status_t kolo_p2p_send(struct kolo_p2p *p, const void *buf, size_t len, int
  * before the callback runs. A message of another length fails the recv with
  * KOLO_EMISMATCH and stays for a recv that fits. Thread-safe. */
 kolo_status_t kolo_p2p_recv(struct kolo_p2p *p, void *buf, size_t len, int src, int tag,
-                            int *source, kolo_callback_fn cb, void *cb_arg,
-                            kolo_handle_t **handle, struct kolo_errbuf *eb);
+                            int *source, kolo_callback_fn cb, void *cb_arg, kolo_handle_t **handle,
+                            struct kolo_errbuf *eb);
 
 #endif /* KOLO_P2P_H */

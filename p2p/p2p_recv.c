@@ -120,8 +120,8 @@ static void on_header(struct kolo_p2p *p, int src, uint64_t now)
 		if (!m || !data) {
 			free(m);
 			free(data);
-			p2p_fail(p, KOLO_ENOMEM, "out of memory for a %zu-byte message from rank %d",
-			         len, src);
+			p2p_fail(p, KOLO_ENOMEM,
+			         "out of memory for a %zu-byte message from rank %d", len, src);
 			return;
 		}
 		*m = (struct p2p_msg){.src = src, .tag = tag, .len = len, .data = data};
@@ -190,7 +190,8 @@ static bool progress_peer(struct kolo_p2p *p, int src, uint64_t now)
 				if (p2p_status(p) == KOLO_OK &&
 				    now >= pe->rx_since_ms + (uint64_t)p->cfg.timeout_ms)
 					p2p_fail(p, KOLO_ETIMEDOUT,
-					         "a message from rank %d made no progress within %d ms",
+					         "a message from rank %d made no progress within "
+					         "%d ms",
 					         src, p->cfg.timeout_ms);
 				return moved;
 			}
@@ -199,7 +200,8 @@ static bool progress_peer(struct kolo_p2p *p, int src, uint64_t now)
 		if (pe->rx_op || pe->rx_msg)
 			on_body(p, src);
 		if (!pe->req_hdr) {
-			kolo_status_t st = kolo_irecv(pe->in, pe->hdr, sizeof(pe->hdr), &pe->req_hdr);
+			kolo_status_t st =
+			        kolo_irecv(pe->in, pe->hdr, sizeof(pe->hdr), &pe->req_hdr);
 			if (st != KOLO_OK) {
 				p2p_fail(p, st, "receiving from rank %d: %s", src, p->t->err.msg);
 				return true;

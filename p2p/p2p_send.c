@@ -35,12 +35,14 @@ static bool connect_peer(struct kolo_p2p *p, int dst, uint64_t now)
 	struct kolo_transport_handle h;
 	kolo_status_t st = p->cfg.lookup(p->cfg.lookup_ctx, dst, &h);
 	if (st == KOLO_ENOTFOUND) {
-		pe->backoff_ms = KOLO_MIN(KOLO_MAX(pe->backoff_ms * 2, LOOKUP_FIRST_MS), LOOKUP_MAX_MS);
+		pe->backoff_ms =
+		        KOLO_MIN(KOLO_MAX(pe->backoff_ms * 2, LOOKUP_FIRST_MS), LOOKUP_MAX_MS);
 		pe->next_lookup_ms = now + (uint64_t)pe->backoff_ms;
 		return false;
 	}
 	if (st == KOLO_OK)
-		st = p->t->ops->connect(p->t, &h, dst, KOLO_P2P_TAG + (p->cfg.rank > dst), &pe->out);
+		st = p->t->ops->connect(p->t, &h, dst, KOLO_P2P_TAG + (p->cfg.rank > dst),
+		                        &pe->out);
 	if (st != KOLO_OK) {
 		p2p_fail(p, st, "connecting to rank %d for point-to-point: %s", dst,
 		         p->t->err.msg[0] ? p->t->err.msg : kolo_strerror(st));

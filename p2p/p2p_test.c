@@ -85,12 +85,12 @@ static void world_close(struct world *w)
 		kolo_p2p_destroy(w->p[r]);
 }
 
-static kolo_handle_t *send_(struct world *w, int from, const void *buf, size_t len, int to,
-                            int tag)
+static kolo_handle_t *send_(struct world *w, int from, const void *buf, size_t len, int to, int tag)
 {
 	kolo_handle_t *h = NULL;
 	struct kolo_errbuf eb = {{0}};
-	ck_assert_int_eq(kolo_p2p_send(w->p[from], buf, len, to, tag, NULL, NULL, &h, &eb), KOLO_OK);
+	ck_assert_int_eq(kolo_p2p_send(w->p[from], buf, len, to, tag, NULL, NULL, &h, &eb),
+	                 KOLO_OK);
 	return h;
 }
 
@@ -286,8 +286,9 @@ START_TEST(a_peer_that_goes_fails_the_recv_at_once)
 	ck_assert_ptr_nonnull(strstr(msg, "rank 1"));
 	/* The p2p stays failed: a later operation is refused at once. */
 	struct kolo_errbuf eb = {{0}};
-	ck_assert_int_eq(kolo_p2p_recv(w.p[0], &got, sizeof(got), 1, 0, NULL, NULL, NULL, NULL, &eb),
-	                 KOLO_EPEER);
+	ck_assert_int_eq(
+	        kolo_p2p_recv(w.p[0], &got, sizeof(got), 1, 0, NULL, NULL, NULL, NULL, &eb),
+	        KOLO_EPEER);
 	world_close(&w);
 }
 END_TEST

@@ -170,13 +170,11 @@ KOLO_API kolo_status_t kolo_recv_async(kolo_comm_t *comm, void *buf, size_t byte
 	struct kolo_p2p *p;
 	KOLO_CHECK(p2p_of(comm, &p));
 	struct kolo_errbuf eb = {{0}};
-	kolo_status_t st =
-	        kolo_p2p_recv(p, buf, bytes, src, tag, source, cb, cb_arg, handle, &eb);
+	kolo_status_t st = kolo_p2p_recv(p, buf, bytes, src, tag, source, cb, cb_arg, handle, &eb);
 	return st == KOLO_OK ? st : kolo_comm_fail(comm, st, "recv: %s", eb.msg);
 }
 
-KOLO_API kolo_status_t kolo_send(kolo_comm_t *comm, const void *buf, size_t bytes, int dst,
-                                 int tag)
+KOLO_API kolo_status_t kolo_send(kolo_comm_t *comm, const void *buf, size_t bytes, int dst, int tag)
 {
 	kolo_handle_t *h = NULL;
 	KOLO_CHECK(kolo_send_async(comm, buf, bytes, dst, tag, NULL, NULL, &h));

@@ -139,8 +139,6 @@ def check_collectives(res, np_):
             assert o["size"] == np_ and o["rank"] == rank
             if case == "refused":
                 e = o["errors"]
-                for k in ("send", "recv", "isend"):
-                    assert e[k].startswith("RuntimeError: kolo:") and "point-to-point" in e[k]
                 for k in ("BAND", "BXOR"):
                     assert e[k].startswith("ValueError: kolo: ReduceOp.") and "SUM, AVG" in e[k]
                 assert e["int16"].startswith("TypeError: kolo:") and "int16" in e["int16"]

@@ -176,11 +176,7 @@ case("barrier", "none", barrier)
 def refused():
     """What must be refused clearly; each entry is the error text."""
     out = {}
-    t = torch.ones(3)
     tries = {
-        "send": lambda: dist.send(t, (rank + 1) % size),
-        "recv": lambda: dist.recv(t, (rank + 1) % size),
-        "isend": lambda: dist.isend(t, (rank + 1) % size),
         "BAND": lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32),
                                         op=dist.ReduceOp.BAND),
         "BXOR": lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32),
