@@ -253,8 +253,9 @@ void kolo_p2p_destroy(struct kolo_p2p *p)
 static kolo_status_t submit(struct kolo_p2p *p, struct p2p_op *op, kolo_handle_t **handle,
                             struct kolo_errbuf *eb)
 {
-	op->h = fusion_handle_create(p->cfg.owner, handle ? 2 : 1);
-	if (!op->h) {
+	/* op belongs to the thread once queued: keep the handle apart. */
+	kolo_handle_t *h = op->h = fusion_handle_create(p->cfg.owner, handle ? 2 : 1);
+	if (!h) {
 		free(op);
 		return kolo_fail(eb, KOLO_ENOMEM, "out of memory");
 	}
@@ -277,7 +278,7 @@ static kolo_status_t submit(struct kolo_p2p *p, struct p2p_op *op, kolo_handle_t
 	pthread_mutex_unlock(&p->lock);
 	wake(p);
 	if (handle)
-		*handle = op->h;
+		*handle = h;
 	return KOLO_OK;
 }
 
