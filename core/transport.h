@@ -87,6 +87,11 @@ struct kolo_transport_config {
 	size_t verbs_slot_bytes;
 	size_t verbs_rdv_bytes;
 	int verbs_mr_cache;
+	/* TCP: a peer that closes or resets a conn is logged at debug level and
+	 * not counted as a transport error. For endpoints whose user reports
+	 * the loss itself where it matters (point-to-point: peers close their
+	 * conns when they finalize). */
+	bool quiet_peer_close;
 };
 
 struct kolo_transport_ops;

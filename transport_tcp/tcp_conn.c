@@ -174,8 +174,12 @@ void tcp_conn_fail(struct tcp_conn *c, kolo_status_t st, const char *fmt, ...)
 	vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
 	va_end(ap);
 	c->err = st;
-	kolo_metrics_transport_error(KOLO_MTRANSPORT_TCP, st);
-	KOLO_WARN(SUBSYS, "%s (%s)", c->errmsg, kolo_status_name(st));
+	if (st == KOLO_EPEER && c->t->quiet_peer_close) {
+		KOLO_DEBUG(SUBSYS, "%s (%s)", c->errmsg, kolo_status_name(st));
+	} else {
+		kolo_metrics_transport_error(KOLO_MTRANSPORT_TCP, st);
+		KOLO_WARN(SUBSYS, "%s (%s)", c->errmsg, kolo_status_name(st));
+	}
 	for (int i = 0; i < c->nstreams; i++) {
 		tcp_fd_reset_close(c->t, c->streams[i].fd);
 		c->streams[i].fd = -1;

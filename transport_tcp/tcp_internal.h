@@ -318,6 +318,7 @@ struct tcp_transport {
 	struct tcp_poll_ref wake_ref, listen_ref;
 	uint64_t last_sweep_ms;
 	int probe_ms, probe_timeout_ms;
+	bool quiet_peer_close;
 	struct tcp_probe *probe; /* NULL: no liveness probe */
 	char lost_msg[256];      /* set with the abort that a lost peer caused */
 };

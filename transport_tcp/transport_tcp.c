@@ -68,6 +68,7 @@ static kolo_status_t tcp_create(const struct kolo_transport_config *cfg,
 	t->streams = cfg->streams > 0 ? KOLO_MIN(cfg->streams, KOLO_TCP_MAX_STREAMS) : 0;
 	t->socket_buffer = KOLO_MAX(cfg->socket_buffer, 0);
 	t->probe_ms = KOLO_MAX(cfg->probe_ms, 0);
+	t->quiet_peer_close = cfg->quiet_peer_close;
 	t->probe_timeout_ms = KOLO_MAX(cfg->probe_timeout_ms, 1);
 	size_t cb =
 	        cfg->tcp_chunk_bytes
