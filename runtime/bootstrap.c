@@ -1,7 +1,8 @@
 /* bootstrap: a comm from a rank, a size and addresses the caller exchanged
  * (kolo/bootstrap.h), without the rendezvous server. It builds the same
  * assignment and data plane as kolo_init(); only where the peers' handles
- * come from differs (comm->cards instead of the KV). */
+ * come from differs (comm->cards instead of the KV). A card is two transport
+ * handles: the data plane's, then the point-to-point endpoint's. */
 #include "runtime.h"
 
 #include "kolo/bootstrap.h"
@@ -12,8 +13,8 @@
 
 #define SUBSYS "init"
 
-_Static_assert(KOLO_BOOTSTRAP_CARD_SIZE == KOLO_TRANSPORT_HANDLE_SIZE,
-               "a card is one transport handle");
+_Static_assert(KOLO_BOOTSTRAP_CARD_SIZE == 2 * KOLO_TRANSPORT_HANDLE_SIZE,
+               "a card is two transport handles");
 _Static_assert(KOLO_BOOTSTRAP_HOST_MAX == KOLO_RDZV_HOST_MAX, "host names");
 
 struct kolo_bootstrap {
@@ -137,10 +138,14 @@ KOLO_API kolo_status_t kolo_bootstrap_listen(kolo_bootstrap_t *b, const char *co
 	struct kolo_comm *comm = b->comm;
 	kolo_status_t st = assign(comm, hosts);
 	if (st == KOLO_OK) {
-		struct kolo_transport_handle handle;
-		st = kolo_runtime_transport_create(comm, &handle);
+		struct kolo_transport_handle ring, p2p;
+		st = kolo_runtime_transport_create(comm, &ring);
 		if (st == KOLO_OK)
-			memcpy(card, handle.bytes, sizeof(handle.bytes));
+			st = kolo_runtime_p2p_listen(comm, &comm->p2p_transport, &p2p);
+		if (st == KOLO_OK) {
+			memcpy(card, ring.bytes, sizeof(ring.bytes));
+			memcpy((char *)card + sizeof(ring.bytes), p2p.bytes, sizeof(p2p.bytes));
+		}
 	}
 	if (st != KOLO_OK) {
 		kolo_runtime_set_init_error("%s", comm->err.msg);
@@ -168,10 +173,16 @@ KOLO_API kolo_status_t kolo_bootstrap_connect(kolo_bootstrap_t *b, const void *c
 		                             "for the comm and kolo_bootstrap_listen() first"));
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
 	comm->cards = malloc((size_t)a->size * sizeof(*comm->cards));
-	if (!comm->cards)
+	comm->p2p_cards = malloc((size_t)a->size * sizeof(*comm->p2p_cards));
+	if (!comm->cards || !comm->p2p_cards)
 		return kolo_runtime_init_fail(comm,
 		                              kolo_comm_fail(comm, KOLO_ENOMEM, "out of memory"));
-	memcpy(comm->cards, cards, (size_t)a->size * sizeof(*comm->cards));
+	for (int r = 0; r < a->size; r++) {
+		const char *card = (const char *)cards + (size_t)r * KOLO_BOOTSTRAP_CARD_SIZE;
+		memcpy(comm->cards[r].bytes, card, sizeof(comm->cards[r].bytes));
+		memcpy(comm->p2p_cards[r].bytes, card + sizeof(comm->cards[r].bytes),
+		       sizeof(comm->p2p_cards[r].bytes));
+	}
 	KOLO_INFO(SUBSYS, "bootstrap: rank %d of %d, local %d of %d, cross %d of %d (job %s)",
 	          a->rank, a->size, a->local_rank, a->local_size, a->cross_rank, a->cross_size,
 	          comm->job);

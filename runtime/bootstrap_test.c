@@ -35,7 +35,8 @@ static struct exchange *exchange_new(int n)
 	return x;
 }
 
-/* One rank: the three steps, an allreduce and an async allgather, then a
+/* One rank: the three steps, an allreduce, an async allgather and a ring of
+ * sends and receives, then a
  * barrier through the exchange before finalizing (the caller's job). Returns
  * 0 when every result matched. host: this rank's host name (KOLO_HOSTNAME). */
 static int run_rank(struct exchange *x, int rank, int n, const char *host)
@@ -78,6 +79,22 @@ static int run_rank(struct exchange *x, int rank, int n, const char *host)
 			bad = 17;
 	kolo_free(all);
 	free(v);
+	/* Point-to-point around the ring, on the endpoints of the cards: a recv
+	 * from any source names the left neighbour. */
+	int64_t out[64], in[64];
+	for (int i = 0; i < 64; i++)
+		out[i] = rank * 1000 + i;
+	int source = -1;
+	kolo_handle_t *sh = NULL;
+	if (kolo_send_async(comm, out, sizeof(out), (rank + 1) % n, 7, NULL, NULL, &sh) !=
+	            KOLO_OK ||
+	    kolo_recv(comm, in, sizeof(in), KOLO_ANY_SOURCE, 7, &source) != KOLO_OK ||
+	    kolo_wait(sh) != KOLO_OK)
+		bad = 19;
+	const int left = (rank + n - 1) % n;
+	for (int i = 0; i < 64 && !bad; i++)
+		if (source != left || in[i] != left * 1000 + i)
+			bad = 20;
 	if (kolo_reform(comm) != KOLO_EINVAL)
 		bad = 18;
 	pthread_barrier_wait(&x->base.barrier);

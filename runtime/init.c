@@ -344,6 +344,8 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 	kolo_runtime_metrics_stop(comm);
 	kolo_runtime_elastic_stop(comm);
 	kolo_runtime_p2p_destroy(comm, KOLO_ESHUTDOWN, "the comm was freed");
+	if (comm->p2p_transport)
+		comm->p2p_transport->ops->destroy(comm->p2p_transport);
 	kolo_engine_destroy(comm->engine);
 	kolo_device_nccl_reset(comm);
 	kolo_device_state_destroy(comm->device);
@@ -361,6 +363,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 		free(comm->token);
 	}
 	free(comm->cards);
+	free(comm->p2p_cards);
 	free(comm);
 }
 

@@ -1,8 +1,10 @@
 /* p2p: the public point-to-point API of kolo/async.h. The comm's p2p
  * (p2p/) is made on the first send or recv: its own TCP endpoint, whose
  * address goes to the KV under "p2p/<round>/<rank>", where peers look for it
- * when they first send to this rank. It goes with the round (reform.c,
- * finalize): pending operations then fail. */
+ * when they first send to this rank. A bootstrap comm has no KV: its
+ * endpoint listens from kolo_bootstrap_listen() on and its address travels in
+ * the second half of the rank's card. The p2p goes with the round
+ * (reform.c, finalize): pending operations then fail. */
 #include "p2p.h"
 
 #include <inttypes.h>
@@ -27,6 +29,10 @@ static void p2p_key(char *key, size_t size, int64_t round, int rank)
 static kolo_status_t lookup(void *arg, int rank, struct kolo_transport_handle *out)
 {
 	struct p2p_ctx *x = arg;
+	if (x->comm->p2p_cards) {
+		*out = x->comm->p2p_cards[rank];
+		return KOLO_OK;
+	}
 	char key[64];
 	p2p_key(key, sizeof(key), x->round, rank);
 	void *data = NULL;
@@ -54,31 +60,61 @@ static kolo_status_t health(void *arg, struct kolo_errbuf *eb)
 	return KOLO_OK;
 }
 
-static kolo_status_t create(struct kolo_comm *comm, struct kolo_p2p **out)
+kolo_status_t kolo_runtime_p2p_listen(struct kolo_comm *comm, struct kolo_transport **out,
+                                      struct kolo_transport_handle *handle)
 {
-	if (!comm->rdzv || !comm->ring)
-		return kolo_comm_fail(comm, KOLO_EUNSUPPORTED,
-		                      "point-to-point needs a comm joined through the rendezvous");
-	struct p2p_ctx *x = calloc(1, sizeof(*x));
-	if (!x)
-		return kolo_comm_fail(comm, KOLO_ENOMEM, "out of memory");
-	*x = (struct p2p_ctx){.comm = comm, .ring = comm->ring, .round = comm->assignment.round};
 	struct kolo_transport_config tc;
 	kolo_runtime_transport_config(comm, &tc);
 	/* Idle conns always wait for a header: deadlines are the p2p's own. */
 	tc.timeout_ms = INT32_MAX;
+	/* Peers close their conns when they finalize; a loss that matters
+	 * fails the operations pending on it, with the transport's message. */
+	tc.quiet_peer_close = true;
 	struct kolo_errbuf eb = {{0}};
 	struct kolo_transport *t = NULL;
-	struct kolo_transport_handle h = {{0}};
 	kolo_status_t st = kolo_transport_tcp_ops.create(&tc, &t, &eb);
-	if (st == KOLO_OK && (st = t->ops->listen(t, &h)) != KOLO_OK)
+	if (st == KOLO_OK && (st = t->ops->listen(t, handle)) != KOLO_OK)
 		kolo_fail(&eb, st, "%s", t->err.msg);
 	if (st != KOLO_OK) {
 		if (t)
 			t->ops->destroy(t);
-		free(x);
 		return kolo_comm_fail(comm, st, "point-to-point endpoint: %s", eb.msg);
 	}
+	*out = t;
+	return KOLO_OK;
+}
+
+/* The endpoint: a bootstrap comm's, listening since its cards were made, or
+ * a new one whose address goes to the KV once its p2p runs. */
+static kolo_status_t endpoint(struct kolo_comm *comm, struct kolo_transport **t,
+                              struct kolo_transport_handle *h)
+{
+	if (comm->p2p_cards) {
+		if (!comm->p2p_transport)
+			return kolo_comm_fail(comm, KOLO_ESHUTDOWN,
+			                      "point-to-point: the comm's endpoint was closed");
+		*t = comm->p2p_transport;
+		comm->p2p_transport = NULL;
+		return KOLO_OK;
+	}
+	if (!comm->rdzv || !comm->ring)
+		return kolo_comm_fail(comm, KOLO_EUNSUPPORTED,
+		                      "point-to-point needs a comm joined through the rendezvous "
+		                      "or a bootstrap comm");
+	return kolo_runtime_p2p_listen(comm, t, h);
+}
+
+static kolo_status_t create(struct kolo_comm *comm, struct kolo_p2p **out)
+{
+	struct kolo_transport *t = NULL;
+	struct kolo_transport_handle h = {{0}};
+	KOLO_CHECK(endpoint(comm, &t, &h));
+	struct p2p_ctx *x = calloc(1, sizeof(*x));
+	if (!x) {
+		t->ops->destroy(t);
+		return kolo_comm_fail(comm, KOLO_ENOMEM, "out of memory");
+	}
+	*x = (struct p2p_ctx){.comm = comm, .ring = comm->ring, .round = comm->assignment.round};
 	struct kolo_p2p_config cfg = {.transport = t,
 	                              .rank = comm->assignment.rank,
 	                              .size = comm->assignment.size,
@@ -88,13 +124,16 @@ static kolo_status_t create(struct kolo_comm *comm, struct kolo_p2p **out)
 	                              .health_ctx = x,
 	                              .timeout_ms = comm->timeout_ms,
 	                              .owner = comm};
-	if ((st = kolo_p2p_create(&cfg, out, &eb)) != KOLO_OK) {
+	struct kolo_errbuf eb = {{0}};
+	kolo_status_t st = kolo_p2p_create(&cfg, out, &eb);
+	if (st != KOLO_OK) {
 		free(x);
 		return kolo_comm_fail(comm, st, "%s", eb.msg);
 	}
 	char key[64];
 	p2p_key(key, sizeof(key), x->round, cfg.rank);
-	if ((st = kolo_rdzv_kv_put(comm->rdzv, key, h.bytes, sizeof(h.bytes))) != KOLO_OK) {
+	if (!comm->p2p_cards &&
+	    (st = kolo_rdzv_kv_put(comm->rdzv, key, h.bytes, sizeof(h.bytes))) != KOLO_OK) {
 		kolo_p2p_destroy(*out);
 		*out = NULL;
 		free(x);

@@ -23,6 +23,11 @@ struct kolo_comm {
 	/* Bootstrap comms: every rank's transport handle, given by the caller;
 	 * NULL when the addresses come from the rendezvous KV. */
 	struct kolo_transport_handle *cards;
+	/* Bootstrap comms: every rank's p2p endpoint, from the second half of
+	 * its card, and this rank's endpoint, listening since
+	 * kolo_bootstrap_listen() until the first send or recv takes it. */
+	struct kolo_transport_handle *p2p_cards;
+	struct kolo_transport *p2p_transport;
 	char job[KOLO_RDZV_ID_MAX];
 	char route_to[KOLO_RDZV_HOST_MAX];      /* picks this rank's address; "" default */
 	int timeout_ms;                         /* no-progress timeout of collectives */
@@ -75,6 +80,10 @@ void kolo_runtime_engine_config(struct kolo_engine_config *cfg);
  * the round's p2p, the next send or recv makes a new one. */
 void kolo_runtime_p2p_close(struct kolo_comm *comm, kolo_status_t st, const char *why);
 void kolo_runtime_p2p_destroy(struct kolo_comm *comm, kolo_status_t st, const char *why);
+/* A listening TCP endpoint for point-to-point, with the comm's transport
+ * configuration; its address in *handle. */
+kolo_status_t kolo_runtime_p2p_listen(struct kolo_comm *comm, struct kolo_transport **out,
+                                      struct kolo_transport_handle *handle);
 
 /* Records st and its message as the comm's last error and returns st. */
 kolo_status_t kolo_comm_fail(struct kolo_comm *comm, kolo_status_t st, const char *fmt, ...)

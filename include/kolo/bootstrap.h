@@ -18,8 +18,9 @@
  * kolo_finalize() does not synchronise with the other ranks: the caller makes
  * sure, through its own channel, that every rank has finished its collectives
  * before any rank finalizes (a barrier on the same store), or calls
- * kolo_abort() first after a failure. Local ranks are the ranks of one host
- * in rank order; cross ranks as in kolo_init(). */
+ * kolo_abort() first after a failure. Point-to-point (kolo/async.h) works
+ * on a bootstrap comm: each card carries the rank's p2p address too. Local ranks are the ranks of
+ * one host in rank order; cross ranks as in kolo_init(). */
 #ifndef KOLO_BOOTSTRAP_H
 #define KOLO_BOOTSTRAP_H
 
@@ -29,7 +30,7 @@
 extern "C" {
 #endif
 
-#define KOLO_BOOTSTRAP_CARD_SIZE 128 /* bytes of one rank's card */
+#define KOLO_BOOTSTRAP_CARD_SIZE 256 /* bytes of one rank's card */
 #define KOLO_BOOTSTRAP_HOST_MAX  256 /* bytes of a host name, with its NUL */
 
 typedef struct kolo_bootstrap kolo_bootstrap_t;
@@ -53,7 +54,8 @@ KOLO_API kolo_status_t kolo_bootstrap_create(const struct kolo_bootstrap_config 
 /* This rank's host name, as step 2 wants it from every rank. Never NULL. */
 KOLO_API const char *kolo_bootstrap_host(const kolo_bootstrap_t *b);
 /* Step 2. hosts[r] is rank r's kolo_bootstrap_host(); creates the transport
- * (shared memory to ranks of this host, TCP to the others), starts listening
+ * (shared memory to ranks of this host, TCP to the others) and the
+ * point-to-point endpoint (TCP), starts listening
  * and writes this rank's card (KOLO_BOOTSTRAP_CARD_SIZE bytes) to card. Once. */
 KOLO_API kolo_status_t kolo_bootstrap_listen(kolo_bootstrap_t *b, const char *const *hosts,
                                              void *card);
