@@ -270,7 +270,7 @@ def test_ddp_join_uneven_inputs():
 # ---- failures --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["ddp", "fsdp2", "functional"])
+@pytest.mark.parametrize("model", ["ddp", "fsdp2", "functional", "recv"])
 def test_rank_killed_mid_step_fails_every_survivor_fast(model):
     size, victim, timeout = 3, 1, 10.0
     proc = run_worker(size, "ddp_kill.py", "--victim", victim, "--kill-at", 3, "--timeout",
@@ -288,7 +288,11 @@ def test_rank_killed_mid_step_fails_every_survivor_fast(model):
     for r, items in raised.items():
         assert len(items) == 1
         o = items[0]
-        assert o["step"] == killed[0]["step"]
+        # a rank whose left neighbour is alive finishes its recv of that step
+        # and fails in the next one, when the rank waiting for the victim
+        # has failed
+        late = model == "recv" and r != (victim + 1) % size
+        assert o["step"] - killed[0]["step"] in ((0, 1) if late else (0,)), (r, o)
         # DDP's reducer re-raises it as a RuntimeError that names it
         assert "MembershipError" in o["error_type"] + o["error"], o
         assert "KOLO_E" in o["error"], o["error"]

@@ -1,12 +1,14 @@
 """A rank SIGKILLed in the middle of a training step (non-elastic job).
 
     ddp_kill.py --launcher kolorun|env --victim R --kill-at S --timeout T
-                [--model ddp|fsdp2|functional]
+                [--model ddp|fsdp2|functional|recv]
 
 Every rank trains a small model, wrapped in DDP or sharded with FSDP2's
 fully_shard, or (functional) runs a step of functional all_reduces over a
-DeviceMesh; rank R reports the time and kills itself with SIGKILL just
-before its backward pass (its collectives) of step S. Each survivor
+DeviceMesh, or (recv) passes its loss around the ring with dist.isend to the
+right and dist.recv from the left; rank R reports the time and kills itself
+with SIGKILL just before its backward pass (its collectives) of step S, or
+(recv) before it sends, so its right neighbour waits in recv for it. Each survivor
 reports when its step raised, what it raised and how long the step took,
 then re-raises (the process ends as a user's would, through the uncaught
 exception). SIGTERM from the launcher (which stops the job once a worker
@@ -30,7 +32,7 @@ p.add_argument("--launcher", default="kolorun", choices=["kolorun", "env"])
 p.add_argument("--victim", type=int, default=1)
 p.add_argument("--kill-at", type=int, default=3)
 p.add_argument("--timeout", type=float, default=20.0)
-p.add_argument("--model", default="ddp", choices=["ddp", "fsdp2", "functional"])
+p.add_argument("--model", default="ddp", choices=["ddp", "fsdp2", "functional", "recv"])
 args = p.parse_args()
 torch.set_num_threads(1)
 signal.signal(signal.SIGTERM, lambda *_: None)
@@ -45,6 +47,8 @@ x_all, y_all = (torch.from_numpy(a) for a in dataset())
 model = make_model(torch, seed=0)
 if args.model == "ddp":
     ddp = torch.nn.parallel.DistributedDataParallel(model)
+elif args.model == "recv":
+    ddp = model
 else:
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (size,))
@@ -55,7 +59,19 @@ else:
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
 
+def ring(loss):
+    """The loss around the ring: sent right, received from the left."""
+    left = torch.empty(1)
+    w = dist.isend(loss.detach().reshape(1), (rank + 1) % size)
+    dist.recv(left, (rank - 1) % size)
+    w.wait()
+
+
 def backward(loss):
+    if args.model == "recv":
+        ring(loss)
+        loss.backward()
+        return
     if args.model != "functional":
         loss.backward()
         return

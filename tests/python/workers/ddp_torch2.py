@@ -4,7 +4,8 @@ test_ddp_torch2.py): group names, DeviceMesh, functional collectives, FSDP2
 
 Every computation runs twice in the same processes, on the kolo default
 group and on a gloo group of the same ranks, and reports both; the test
-compares them with each other and with references it computes itself."""
+compares them with each other and with references it computes itself.
+``--launcher=env``: initialised from torchrun's environment (test_ddp_torchrun.py)."""
 
 import sys
 
@@ -141,7 +142,10 @@ def zero(pg, rank):
 
 
 def main():
-    dist.init_process_group("kolo", init_method="kolo://")
+    if "--launcher=env" in sys.argv:  # torchrun's env:// and its store
+        dist.init_process_group("kolo")
+    else:
+        dist.init_process_group("kolo", init_method="kolo://")
     rank, size = dist.get_rank(), dist.get_world_size()
     world = dist.group.WORLD
     gloo = dist.new_group(backend="gloo")
@@ -157,10 +161,11 @@ def main():
             "world": world.group_name})
 
     for backend, pg, mesh in (("kolo", world, kolo_mesh), ("gloo", gloo, gloo_mesh)):
-        report({"case": "functional", "backend": backend, **functional(pg, size)})
-        report({"case": "p2p", "backend": backend, **p2p(pg, rank, size)})
-        report({"case": "fsdp2", "backend": backend, **fsdp2(mesh, rank)})
-        report({"case": "zero", "backend": backend, **zero(pg, rank)})
+        tag = {"backend": backend, "rank": rank}
+        report({"case": "functional", **tag, **functional(pg, size)})
+        report({"case": "p2p", **tag, **p2p(pg, rank, size)})
+        report({"case": "fsdp2", **tag, **fsdp2(mesh, rank)})
+        report({"case": "zero", **tag, **zero(pg, rank)})
 
     # A kolo subgroup destroyed on its own: the world goes on.
     x = torch.full((3,), float(rank + 1))
