@@ -190,6 +190,8 @@ kolo_status_t kolo_engine_timeline_stop(struct kolo_engine *e);
 kolo_status_t kolo_handle_poll_done(kolo_handle_t *h, int *done);
 /* Waits, copies the failure message (if any) into eb, releases the handle. */
 kolo_status_t kolo_handle_wait_release(kolo_handle_t *h, struct kolo_errbuf *eb);
+/* Waits up to timeout_ms for completion; *done says whether it came. Keeps the handle. */
+kolo_status_t kolo_handle_wait_for(kolo_handle_t *h, int timeout_ms, int *done);
 void kolo_handle_drop(kolo_handle_t *h);
 void *kolo_handle_owner(const kolo_handle_t *h);
 /* For other producers of handles (p2p/): a handle starts with refs

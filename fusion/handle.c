@@ -3,8 +3,10 @@
  * on it or drops it, and the last one out frees it. */
 #include "fusion_internal.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 
 struct kolo_handle {
 	pthread_mutex_t lock;
@@ -22,7 +24,11 @@ kolo_handle_t *fusion_handle_create(void *owner, int refs)
 	if (!h)
 		return NULL;
 	pthread_mutex_init(&h->lock, NULL);
-	pthread_cond_init(&h->cond, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* kolo_handle_wait_for's deadline */
+	pthread_cond_init(&h->cond, &ca);
+	pthread_condattr_destroy(&ca);
 	h->refs = refs;
 	h->owner = owner;
 	return h;
@@ -84,6 +90,27 @@ kolo_status_t kolo_handle_wait_release(kolo_handle_t *h, struct kolo_errbuf *eb)
 	pthread_mutex_unlock(&h->lock);
 	kolo_handle_drop(h);
 	return st;
+}
+
+kolo_status_t kolo_handle_wait_for(kolo_handle_t *h, int timeout_ms, int *done)
+{
+	if (!h || !done || timeout_ms < 0)
+		return KOLO_EINVAL;
+	struct timespec end;
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	end.tv_sec += timeout_ms / 1000;
+	end.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (end.tv_nsec >= 1000000000L) {
+		end.tv_sec++;
+		end.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&h->lock);
+	int rc = 0;
+	while (!h->done && rc != ETIMEDOUT)
+		rc = pthread_cond_timedwait(&h->cond, &h->lock, &end);
+	*done = h->done;
+	pthread_mutex_unlock(&h->lock);
+	return KOLO_OK;
 }
 
 void *kolo_handle_owner(const kolo_handle_t *h)

@@ -235,6 +235,11 @@ KOLO_API kolo_status_t kolo_poll(kolo_handle_t *handle, int *done)
 	return kolo_handle_poll_done(handle, done);
 }
 
+KOLO_API kolo_status_t kolo_wait_for(kolo_handle_t *handle, int timeout_ms, int *done)
+{
+	return kolo_handle_wait_for(handle, timeout_ms, done);
+}
+
 KOLO_API kolo_status_t kolo_wait(kolo_handle_t *handle)
 {
 	if (!handle)

@@ -116,6 +116,10 @@ KOLO_API kolo_status_t kolo_poll(kolo_handle_t *handle, int *done);
 /* Blocks until the operation completes, returns its status and releases the
  * handle. The detail of a failure is in kolo_last_error(comm). */
 KOLO_API kolo_status_t kolo_wait(kolo_handle_t *handle);
+/* Waits up to timeout_ms (>= 0) for the operation to complete; *done says
+ * whether it has. The handle stays held: kolo_wait then gives its status at
+ * once, or kolo_handle_release lets it run on. */
+KOLO_API kolo_status_t kolo_wait_for(kolo_handle_t *handle, int timeout_ms, int *done);
 /* Releases a handle without waiting; the operation still runs. */
 KOLO_API void kolo_handle_release(kolo_handle_t *handle);
 

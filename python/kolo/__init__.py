@@ -561,6 +561,21 @@ class Handle:
             raise _error(st, f"{self._what}: kolo_poll")
         return bool(done.value)
 
+    def wait_for(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` seconds for completion (without the GIL)
+        and says whether it came; the operation runs on either way, and
+        :meth:`wait` then gives its result."""
+        if self._ptr is None:
+            return True
+        if not timeout_s >= 0:
+            raise ValueError(f"kolo: {self._what}: timeout {timeout_s!r} is not >= 0")
+        done = ctypes.c_int(0)
+        ms = int(min(timeout_s, 2**31 / 1000 - 1) * 1000)
+        st = _lib_().kolo_wait_for(self._ptr, ms, ctypes.byref(done))
+        if st != 0:
+            raise _error(st, f"{self._what}: kolo_wait_for")
+        return bool(done.value)
+
     def wait(self) -> Any:
         """Waits for completion and returns the result (raises on failure).
         May be called again: it returns the same result or raises again."""

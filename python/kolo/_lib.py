@@ -162,6 +162,7 @@ PROTOTYPES = {
     "kolo_send": (c_status, [c_comm_p, c_void_p, c_size_t, c_int, c_int]),
     "kolo_recv": (c_status, [c_comm_p, c_void_p, c_size_t, c_int, c_int, P(c_int)]),
     "kolo_poll": (c_status, [c_handle_p, P(c_int)]),
+    "kolo_wait_for": (c_status, [c_handle_p, c_int, P(c_int)]),
     "kolo_wait": (c_status, [c_handle_p]),
     "kolo_handle_release": (None, [c_handle_p]),
     "kolo_join": (c_status, [c_comm_p, P(c_int)]),

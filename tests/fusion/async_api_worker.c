@@ -1,6 +1,6 @@
 /* A worker of the async-API test: run as `kolorun -np N -- async_api_worker
  * TIMELINE_PATH`. Uses only the public API (kolo.h, async.h): every async
- * collective, kolo_poll/kolo_wait, callbacks, a mismatch, kolo_join with
+ * collective, kolo_poll/kolo_wait/kolo_wait_for, callbacks, a mismatch, kolo_join with
  * uneven batches and the timeline (checked with jansson on rank 0). Exits 0
  * when every check passed. */
 #include <jansson.h>
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kolo/async.h"
 #include "kolo/kolo.h"
@@ -161,6 +162,38 @@ static void test_mismatch(kolo_comm_t *comm)
 	      kolo_last_error(comm));
 }
 
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* kolo_wait_for: a recv whose message is not sent yet is not done after its
+ * deadline and keeps its handle; once the left neighbour has sent (after a
+ * barrier that every rank enters only past its own timed wait) it is. */
+static void test_wait_for(kolo_comm_t *comm)
+{
+	int left = (rank_ + size_ - 1) % size_, right = (rank_ + 1) % size_;
+	int32_t got = -1, mine = 1000 + rank_;
+	kolo_handle_t *h = NULL;
+	CHECK(kolo_recv_async(comm, &got, sizeof(got), left, 91, NULL, NULL, NULL, &h) == KOLO_OK,
+	      "recv_async: %s", kolo_last_error(comm));
+	int done = 1;
+	double t0 = now_s();
+	CHECK(kolo_wait_for(h, 40, &done) == KOLO_OK, "wait_for");
+	double waited = now_s() - t0;
+	CHECK(!done, "wait_for: a recv with no message sent is done");
+	CHECK(waited >= 0.039 && waited < 5.0, "wait_for waited %.3f s for a 40 ms deadline",
+	      waited);
+	CHECK(kolo_wait_for(h, -1, &done) == KOLO_EINVAL, "wait_for accepts a negative timeout");
+	CHECK(kolo_barrier(comm) == KOLO_OK, "barrier: %s", kolo_last_error(comm));
+	CHECK(kolo_send(comm, &mine, sizeof(mine), right, 91) == KOLO_OK, "send: %s",
+	      kolo_last_error(comm));
+	CHECK(kolo_wait_for(h, 20000, &done) == KOLO_OK && done, "wait_for: not done after 20 s");
+	CHECK(kolo_wait(h) == KOLO_OK && got == 1000 + left, "recv got %d from %d", (int)got, left);
+}
+
 static void test_join(kolo_comm_t *comm)
 {
 	int batches = 1 + rank_;
@@ -222,6 +255,7 @@ int main(int argc, char **argv)
 	test_grouped(comm);
 	test_others(comm);
 	test_mismatch(comm);
+	test_wait_for(comm);
 	test_join(comm);
 	/* The same names again: now served from the response cache. */
 	test_allreduce(comm);

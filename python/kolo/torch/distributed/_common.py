@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import time
 from typing import Any, Optional, Sequence
 
 import torch
@@ -86,14 +85,9 @@ def _kolo_timeout_ms(timeout: Any) -> int:
 def _wait_bounded(h: kolo.Handle, timeout_s: float, what: str) -> Any:
     """Waits for a handle at most timeout_s (a torch timeout, not kolo's
     progress timeout: an op that waits for a live but absent rank)."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.0002
-    while not h.poll():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"kolo: {what} did not complete within {timeout_s:.0f} s (not every "
-                               f"rank took part)")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.01)
+    if not h.wait_for(timeout_s):
+        raise RuntimeError(f"kolo: {what} did not complete within {timeout_s:.0f} s (not every "
+                           f"rank took part)")
     return h.wait()
 
 
