@@ -47,10 +47,11 @@ barrier, and what builds on them (all_gather_object, broadcast_object_list,
 gather_object, scatter_object_list, ZeroRedundancyOptimizer, DDP and its
 join()). Groups have names and descriptions, so DeviceMesh, DTensor, FSDP2
 and torch's functional collectives work on them (the functional operators
-through kolo's own kernels: _functional.py). Refused: send/recv/isend/irecv
-(kolo has no point-to-point operations), new_group with a subset of the
-ranks (kolo has one communicator per process; use ``backend="gloo"`` for
-such a group), monitored_barrier (torch allows it on gloo only).
+through kolo's own kernels: _functional.py). Point-to-point (send, recv from
+a rank or any source, isend, irecv, batch_isend_irecv) runs on kolo's p2p
+endpoint, and torch.distributed.pipelining on it; monitored_barrier on p2p
+too (_monitored.py). Refused: new_group with a subset of the ranks (kolo has
+one communicator per process; use ``backend="gloo"`` for such a group).
 
 Error reporting: ``dist.*`` calls get a work object whose ``wait()`` raises
 kolo's own exception (:class:`kolo.MembershipError` when a peer failed, ...).
@@ -58,17 +59,19 @@ C++ callers (DDP's reducer) get a work wrapping a future that fails with a
 RuntimeError carrying kolo's message. After a membership or shutdown
 failure a group refuses new operations with the same error class.
 
-Two torch functions are wrapped (only when this module is imported, and only
+Four torch functions are wrapped (only when this module is imported, and only
 changing what they do for kolo groups): ``destroy_process_group`` also stops
-the kolo groups' completion threads and finalizes a bootstrapped comm, and
+the kolo groups' completion threads and finalizes a bootstrapped comm;
 ``new_group`` refuses a subset of the ranks for the kolo backend on every
 rank alike (instead of failing on the members only, leaving the others
-waiting in torch's store barrier).
+waiting in torch's store barrier); ``init_process_group`` binds a kolo
+default group to its ``device_id``; ``monitored_barrier`` runs kolo's own on
+a kolo group, where torch's allows gloo only.
 
 The modules: _common (reductions, tensor checks, timeouts), _work (works and
 futures), _group (ProcessGroupKolo), _store (KoloStore), _init (kolo:// and
 env://, the backend's creator, registration), _functional (the functional
-collectives' kernels), _elastic (ElasticState, elastic_run), _state (what
+collectives' kernels), _monitored (monitored_barrier), _elastic (ElasticState, elastic_run), _state (what
 they share).
 """
 

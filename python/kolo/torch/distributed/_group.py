@@ -15,6 +15,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 import kolo
 
 from . import _state
+from ._monitored import MonitoredBarrier
 from ._common import BACKEND, _again, _flat, _kolo_op, _one, _real, _same, _timeout_s
 from ._work import _Failure, _Op, _Work, _called_from_c10d
 
@@ -42,6 +43,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         self._idle = threading.Condition()
         self._closed: Optional[str] = None
         self._broken: Optional[BaseException] = None
+        self._monitored = MonitoredBarrier(rank, size, self._gid)
         self._thread = threading.Thread(target=self._complete, daemon=True,
                                         name=f"kolo-c10d-{self._gid}")
         self._thread.start()
@@ -472,6 +474,23 @@ class ProcessGroupKolo(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> Any:
         return self._issue("barrier", [], lambda n: [kolo.barrier_async()])
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that raises on every rank that reached it, naming the
+        ranks that did not within ``timeout`` (the group's by default)."""
+        if self._closed:
+            raise RuntimeError(f"kolo: monitored_barrier on process group {self._gid}, which "
+                               f"was {self._closed}")
+        self._monitored(self._timeout if timeout is None else timeout, wait_all_ranks)
+
+    # torch asks the group of a device for its backend (init_process_group's
+    # device_id, new_group): every device kolo serves is this group.
+    supports_splitting = False
+
+    def _get_backend(self, device: Any) -> Any:
+        if torch.device(device).type not in ("cpu", "cuda"):
+            raise RuntimeError(f"kolo: no backend for device {device} (kolo serves cpu and cuda)")
+        return self
 
     # -- point-to-point: kolo's own endpoint per rank, beside the collectives;
     # CUDA tensors go through a host copy --

@@ -15,6 +15,7 @@ import time
 import urllib.parse
 from typing import Any, List, Optional, Sequence
 
+import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
@@ -200,6 +201,30 @@ def _kolo_groups() -> List[ProcessGroupKolo]:
 
 _orig_destroy = _c10d.destroy_process_group
 _orig_new_group = _c10d.new_group
+_orig_init = _c10d.init_process_group
+_orig_monitored = _c10d.monitored_barrier
+
+
+@functools.wraps(_orig_init)
+def init_process_group(*args: Any, **kwargs: Any) -> None:
+    _orig_init(*args, **kwargs)
+    device = kwargs.get("device_id")
+    pg = _c10d._get_default_group()
+    if device is not None and isinstance(pg, ProcessGroupKolo) and pg.bound_device_id is None:
+        if isinstance(device, int):  # as torch reads it: an index of the accelerator
+            device = torch.device(torch.accelerator.current_accelerator().type, device)
+        pg.bound_device_id = device  # torch set it on the group kolo's replaced
+
+
+@functools.wraps(_orig_monitored)
+def monitored_barrier(group: Optional[Any] = None, timeout: Any = None,
+                      wait_all_ranks: bool = False) -> None:
+    pg = group
+    if pg is None and _c10d.is_initialized():
+        pg = _c10d._get_default_group()
+    if isinstance(pg, ProcessGroupKolo):  # torch itself allows gloo only
+        return pg.monitored_barrier(timeout, wait_all_ranks)
+    return _orig_monitored(group, timeout, wait_all_ranks)
 
 
 @functools.wraps(_orig_destroy)
@@ -242,6 +267,10 @@ def _register() -> None:
             mod.destroy_process_group = destroy_process_group
         if getattr(mod, "new_group", None) is _orig_new_group:
             mod.new_group = new_group
+        if getattr(mod, "init_process_group", None) is _orig_init:
+            mod.init_process_group = init_process_group
+        if getattr(mod, "monitored_barrier", None) is _orig_monitored:
+            mod.monitored_barrier = monitored_barrier
 
 
 _register()
