@@ -270,7 +270,7 @@ def test_ddp_join_uneven_inputs():
 # ---- failures --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["ddp", "fsdp2", "functional", "recv"])
+@pytest.mark.parametrize("model", ["ddp", "fsdp2", "functional", "allreduce", "recv"])
 def test_rank_killed_mid_step_fails_every_survivor_fast(model):
     size, victim, timeout = 3, 1, 10.0
     proc = run_worker(size, "ddp_kill.py", "--victim", victim, "--kill-at", 3, "--timeout",

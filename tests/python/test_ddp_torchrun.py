@@ -136,7 +136,7 @@ def test_env_destroy_finalizes_then_bootstraps_again(tmp_path):
     assert all(o["reinit"] == 3.0 and o["size"] == 2 for o in again)
 
 
-@pytest.mark.parametrize("model", ["ddp", "recv"])
+@pytest.mark.parametrize("model", ["ddp", "fsdp2", "allreduce", "recv"])
 def test_env_rank_killed_mid_step(tmp_path, model):
     size, victim, timeout = 3, 1, 10.0
     rcs, text, ended = spawn_env(size, "ddp_kill.py", ["--launcher", "env", "--victim", victim,

@@ -1,7 +1,7 @@
 """A rank SIGKILLed in the middle of a training step (non-elastic job).
 
     ddp_kill.py --launcher kolorun|env --victim R --kill-at S --timeout T
-                [--model ddp|fsdp2|functional|recv]
+                [--model ddp|fsdp2|functional|allreduce|recv]
 
 Every rank trains a small model, wrapped in DDP or sharded with FSDP2's
 fully_shard, or (functional) runs a step of functional all_reduces over a
@@ -32,7 +32,7 @@ p.add_argument("--launcher", default="kolorun", choices=["kolorun", "env"])
 p.add_argument("--victim", type=int, default=1)
 p.add_argument("--kill-at", type=int, default=3)
 p.add_argument("--timeout", type=float, default=20.0)
-p.add_argument("--model", default="ddp", choices=["ddp", "fsdp2", "functional", "recv"])
+p.add_argument("--model", default="ddp", choices=["ddp", "fsdp2", "functional", "allreduce", "recv"])
 args = p.parse_args()
 torch.set_num_threads(1)
 signal.signal(signal.SIGTERM, lambda *_: None)
@@ -47,7 +47,7 @@ x_all, y_all = (torch.from_numpy(a) for a in dataset())
 model = make_model(torch, seed=0)
 if args.model == "ddp":
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-elif args.model == "recv":
+elif args.model in ("recv", "allreduce"):
     ddp = model
 else:
     from torch.distributed.device_mesh import init_device_mesh
@@ -71,6 +71,12 @@ def backward(loss):
     if args.model == "recv":
         ring(loss)
         loss.backward()
+        return
+    if args.model == "allreduce":  # dist.all_reduce's work.wait() raises
+        loss.backward()
+        works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]
+        for w in works:
+            w.wait()
         return
     if args.model != "functional":
         loss.backward()
