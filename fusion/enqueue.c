@@ -74,7 +74,8 @@ static kolo_status_t check_buffers(const struct kolo_engine_op *op, int n, struc
 		p->ncounts = 1;
 		break;
 	case KOLO_FK_ALLGATHER:
-		assert((!op->count || op->sendbuf) && op->recvbuf_out && op->recvcounts);
+		assert((!op->count || op->sendbuf) && (op->recvbuf_out || op->recv_into) &&
+		       op->recvcounts);
 		p->ncounts = 1;
 		break;
 	case KOLO_FK_ALLTOALL:

@@ -571,8 +571,19 @@ static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, siz
 /* Each returns KOLO_ENOMEM when it cannot allocate (nothing ran) and
  * otherwise KOLO_OK, with the collective's outcome in *ring_st. */
 
+/* An allgather into the caller's buffer whose gathered total does not fit
+ * still takes part (into a buffer of its own: the other ranks need this
+ * one), then fails alone with KOLO_EINVAL (run_others goes on). */
+static kolo_status_t gather_misfit(struct fusion_queued_op *o, size_t total, char *msg, size_t len)
+{
+	snprintf(msg, len, "allgather: the ranks sent %zu elements in all; recvbuf holds %zu",
+	         total, o->op.recv_capacity);
+	return KOLO_EINVAL;
+}
+
 static kolo_status_t run_allgather(struct kolo_engine *e, const struct fusion_params *p,
-                                   struct fusion_queued_op *o, kolo_status_t *ring_st)
+                                   struct fusion_queued_op *o, kolo_status_t *ring_st, char *msg,
+                                   size_t len)
 {
 	kolo_dtype_t dt = (kolo_dtype_t)p->dtype;
 	int n = e->size;
@@ -582,22 +593,24 @@ static kolo_status_t run_allgather(struct kolo_engine *e, const struct fusion_pa
 		return KOLO_ENOMEM;
 	for (int i = 0; i < n; i++)
 		total += counts[i] = (size_t)p->counts[i];
-	void *buf = malloc(total ? total * kolo_dtype_size(dt) : 1);
-	if (!buf) {
+	bool into = o->op.recv_into && total <= o->op.recv_capacity;
+	void *buf = into ? o->op.recvbuf_into : malloc(total ? total * kolo_dtype_size(dt) : 1);
+	if (!buf && !into) {
 		free(counts);
 		return KOLO_ENOMEM;
 	}
 	kolo_status_t st =
 	        total ? kolo_ring_allgatherv(e->rc, o->op.sendbuf, buf, counts, dt) : KOLO_OK;
-	if (st == KOLO_OK) {
+	if (st == KOLO_OK)
 		memcpy(o->op.recvcounts, counts, (size_t)n * sizeof(size_t));
+	if (st == KOLO_OK && !o->op.recv_into)
 		*o->op.recvbuf_out = buf;
-	} else {
+	else if (!into)
 		free(buf);
-	}
 	free(counts);
 	*ring_st = st;
-	return KOLO_OK;
+	return st == KOLO_OK && o->op.recv_into && !into ? gather_misfit(o, total, msg, len)
+	                                                 : KOLO_OK;
 }
 
 /* p->counts is the size x size matrix of sendcounts: row r is rank r's. */
@@ -671,7 +684,8 @@ static kolo_status_t run_exclusive(struct kolo_engine *e, struct fusion_response
 }
 
 /* A device op of another kind: allgather and alltoall allocate their
- * output on the device of the input (kolo_free frees it). */
+ * output on the device of the input (kolo_free frees it), unless the
+ * allgather was given one. */
 static kolo_status_t dev_other(struct kolo_engine *e, const struct fusion_params *p,
                                struct fusion_queued_op *o, char *msg, size_t len)
 {
@@ -719,13 +733,16 @@ static kolo_status_t dev_other(struct kolo_engine *e, const struct fusion_params
 		c.counts = a;
 		break;
 	}
+	bool into = p->kind == KOLO_FK_ALLGATHER && o->op.recv_into && out <= o->op.recv_capacity;
 	if (st == KOLO_OK && alloc) {
 		int ord = -1;
 		void *s;
 		st = kolo_gpu_ptr_device(o->op.sendbuf, &ord, &eb);
 		if (st == KOLO_OK && e->cfg.device.stream)
 			st = e->cfg.device.stream(e->cfg.device.arg, ord, &s, &eb);
-		if (st == KOLO_OK)
+		if (st == KOLO_OK && into)
+			buf = o->op.recvbuf_into;
+		else if (st == KOLO_OK)
 			st = kolo_gpu_malloc(&buf, out * esz, &eb);
 		c.recv = buf;
 		if (st != KOLO_OK)
@@ -738,12 +755,15 @@ static kolo_status_t dev_other(struct kolo_engine *e, const struct fusion_params
 	                     : p->counts[0] == 0;
 	if (st == KOLO_OK && !empty)
 		st = dev_coll(e, &c, msg, len);
-	if (st == KOLO_OK && alloc) {
+	bool given = p->kind == KOLO_FK_ALLGATHER && o->op.recv_into;
+	if (st == KOLO_OK && alloc)
 		memcpy(o->op.recvcounts, p->kind == KOLO_FK_ALLGATHER ? a : bc, n * sizeof(size_t));
+	if (st == KOLO_OK && alloc && !given)
 		*o->op.recvbuf_out = buf;
-	} else {
+	else if (!into)
 		kolo_gpu_free(buf);
-	}
+	if (st == KOLO_OK && given && !into)
+		st = gather_misfit(o, out, msg, len);
 	free(a);
 	free(bc);
 	return st;
@@ -767,7 +787,7 @@ static kolo_status_t run_other(struct kolo_engine *e, struct fusion_response *r,
 	}
 	switch (p->kind) {
 	case KOLO_FK_ALLGATHER:
-		st = run_allgather(e, p, o, &ring_st);
+		st = run_allgather(e, p, o, &ring_st, msg, len);
 		break;
 	case KOLO_FK_ALLTOALL:
 		st = run_alltoall(e, p, o, &ring_st);
@@ -914,7 +934,9 @@ static kolo_status_t run_others(struct kolo_engine *e, struct fusion_cycle *c, c
 		}
 		kolo_status_t ost = run_other(e, r, o, msg, len);
 		fusion_engine_complete(e, o, ost, ost == KOLO_OK ? NULL : msg);
-		if (ost != KOLO_OK && r->p.kind != KOLO_FK_EXCLUSIVE)
+		/* KOLO_EINVAL: an output that did not fit (gather_misfit), after
+		 * the collective: only this operation failed. */
+		if (ost != KOLO_OK && r->p.kind != KOLO_FK_EXCLUSIVE && ost != KOLO_EINVAL)
 			return ost;
 	}
 	return KOLO_OK;

@@ -148,6 +148,11 @@ struct kolo_engine_op {
 	const size_t *counts;
 	/* ALLGATHER / ALLTOALL outputs; ALLTOALL sendcounts (NULL: equal split) */
 	void **recvbuf_out;
+	/* ALLGATHER into the caller's buffer of recv_capacity elements instead
+	 * of a new one in *recvbuf_out (then NULL) */
+	bool recv_into;
+	void *recvbuf_into;
+	size_t recv_capacity;
 	size_t *recvcounts;
 	const size_t *sendcounts;
 	/* JOIN result */

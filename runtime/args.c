@@ -144,6 +144,19 @@ kolo_status_t kolo_args_buf(struct kolo_comm *comm, const char *coll, const char
 	return check_host(comm, coll, what, buf);
 }
 
+kolo_status_t kolo_args_same_memory(struct kolo_comm *comm, const char *coll, const void *sendbuf,
+                                    size_t sendcount, const void *recvbuf, size_t recvcount)
+{
+	if (!sendcount || !recvcount)
+		return KOLO_OK;
+	bool dev_s = kolo_mem_kind(sendbuf) == KOLO_MEM_DEVICE;
+	bool dev_r = kolo_mem_kind(recvbuf) == KOLO_MEM_DEVICE;
+	if (dev_s != dev_r)
+		return kolo_args_fail(comm, coll, "sendbuf is %s memory and recvbuf %s memory",
+		                      dev_s ? "device" : "host", dev_r ? "device" : "host");
+	return KOLO_OK;
+}
+
 kolo_status_t kolo_args_ptr(struct kolo_comm *comm, const char *coll, const char *what,
                             const void *ptr)
 {

@@ -137,6 +137,37 @@ KOLO_API kolo_status_t kolo_allgather_async(kolo_comm_t *comm, const char *name,
 	return submit(comm, &o, handle);
 }
 
+KOLO_API kolo_status_t kolo_allgather_into_async(kolo_comm_t *comm, const char *name,
+                                                 const void *sendbuf, size_t sendcount,
+                                                 kolo_dtype_t dtype, void *recvbuf, size_t recvcap,
+                                                 size_t *recvcounts, kolo_callback_fn cb,
+                                                 void *cb_arg, kolo_handle_t **handle)
+{
+	static const char coll[] = "allgather";
+	kolo_args_mem_reset();
+	if (handle)
+		*handle = NULL;
+	KOLO_CHECK(kolo_args_allgather(comm, sendbuf, sendcount, dtype));
+	KOLO_CHECK(kolo_args_name(comm, coll, "name", name));
+	KOLO_CHECK(kolo_args_buf(comm, coll, "recvbuf", recvbuf, recvcap));
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "recvcounts", recvcounts));
+	KOLO_CHECK(kolo_args_same_memory(comm, coll, sendbuf, sendcount, recvbuf, recvcap));
+	struct kolo_engine_op o = {
+	        .kind = KOLO_FK_ALLGATHER,
+	        .name = name,
+	        .dtype = dtype,
+	        .count = sendcount,
+	        .sendbuf = sendbuf,
+	        .recv_into = true,
+	        .recvbuf_into = recvbuf,
+	        .recv_capacity = recvcap,
+	        .recvcounts = recvcounts,
+	        .cb = cb,
+	        .cb_arg = cb_arg,
+	};
+	return submit(comm, &o, handle);
+}
+
 KOLO_API kolo_status_t kolo_broadcast_async(kolo_comm_t *comm, const char *name, void *buf,
                                             size_t count, kolo_dtype_t dtype, int root,
                                             kolo_callback_fn cb, void *cb_arg,

@@ -218,6 +218,9 @@ kolo_status_t kolo_args_counts(struct kolo_comm *comm, const char *coll, const c
 kolo_status_t kolo_args_buf(struct kolo_comm *comm, const char *coll, const char *what,
                             const void *buf, size_t count);
 /* A pointer the call cannot do without (an output, an array). */
+/* sendbuf and recvbuf are both host or both device memory (when both hold elements). */
+kolo_status_t kolo_args_same_memory(struct kolo_comm *comm, const char *coll, const void *sendbuf,
+                                    size_t sendcount, const void *recvbuf, size_t recvcount);
 kolo_status_t kolo_args_ptr(struct kolo_comm *comm, const char *coll, const char *what,
                             const void *ptr);
 /* An async operation's name: not NULL, 1 to 1023 bytes. */

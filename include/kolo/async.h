@@ -57,6 +57,16 @@ KOLO_API kolo_status_t kolo_allgather_async(kolo_comm_t *comm, const char *name,
                                             kolo_callback_fn cb, void *cb_arg,
                                             kolo_handle_t **handle);
 
+/* kolo_allgather_async into the caller's recvbuf of recvcap elements (the
+ * same kind of memory as sendbuf): nothing allocated, nothing copied. The
+ * counts are negotiated as there; when their total exceeds recvcap this rank
+ * still takes part and its operation then fails with KOLO_EINVAL. */
+KOLO_API kolo_status_t kolo_allgather_into_async(kolo_comm_t *comm, const char *name,
+                                                 const void *sendbuf, size_t sendcount,
+                                                 kolo_dtype_t dtype, void *recvbuf, size_t recvcap,
+                                                 size_t *recvcounts, kolo_callback_fn cb,
+                                                 void *cb_arg, kolo_handle_t **handle);
+
 KOLO_API kolo_status_t kolo_broadcast_async(kolo_comm_t *comm, const char *name, void *buf,
                                             size_t count, kolo_dtype_t dtype, int root,
                                             kolo_callback_fn cb, void *cb_arg,

@@ -786,6 +786,21 @@ def allgather_async(send: Any, alloc: Callable[[int], Any], name: Optional[str] 
                     s.stream)
 
 
+def allgather_into_async(send: Any, out: Any, name: Optional[str] = None) -> Handle:
+    """Gathers every rank's ``send`` in rank order into ``out`` (of send's
+    dtype and kind of memory), which must hold them all: no allocation and
+    no copy. The result is ``(out, counts)``; the elements of ``out`` past the
+    gathered total are left as they were."""
+    s, o = buffer(send, "send"), buffer(out, "output")
+    if o.dtype_name != s.dtype_name:
+        raise ValueError(f"kolo: allgather: output is {o.dtype_name}, input {s.dtype_name}")
+    counts = (ctypes.c_size_t * size())()
+    nm = op_name("allgather", name)
+    return _enqueue("kolo_allgather_into_async", f"allgather {nm.decode()}",
+                    [nm, s.ptr, s.count, s.dtype, o.ptr, o.count, counts], (s, o, counts),
+                    lambda: (out, list(counts)), _stream(s, o))
+
+
 def broadcast_async(buf: Any, root: int, name: Optional[str] = None) -> Handle:
     """Broadcasts ``buf`` from rank ``root`` in place; the result is ``buf``."""
     b = buffer(buf, "tensor")
@@ -1007,7 +1022,7 @@ __all__ = [
     "Error", "MembershipError", "MismatchError", "ShutdownError", "Buffer", "Handle", "Commit",
     "init", "finalize", "shutdown", "abort", "is_initialized", "rank", "size", "local_rank",
     "local_size", "cross_rank", "cross_size", "round", "last_error", "allreduce_async",
-    "grouped_allreduce_async", "allgather_async", "broadcast_async", "alltoall_async",
+    "grouped_allreduce_async", "allgather_async", "allgather_into_async", "broadcast_async", "alltoall_async",
     "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
     "send_async", "recv_async", "send", "recv", "ANY_SOURCE",
     "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",

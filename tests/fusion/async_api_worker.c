@@ -1,8 +1,8 @@
 /* A worker of the async-API test: run as `kolorun -np N -- async_api_worker
  * TIMELINE_PATH`. Uses only the public API (kolo.h, async.h): every async
- * collective, kolo_poll/kolo_wait/kolo_wait_for, callbacks, a mismatch, kolo_join with
- * uneven batches and the timeline (checked with jansson on rank 0). Exits 0
- * when every check passed. */
+ * collective (allgather into a buffer too), kolo_poll/kolo_wait/kolo_wait_for, callbacks, a
+ * mismatch, kolo_join with uneven batches and the timeline (checked with jansson on rank 0). Exits
+ * 0 when every check passed. */
 #include <jansson.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -162,6 +162,46 @@ static void test_mismatch(kolo_comm_t *comm)
 	      kolo_last_error(comm));
 }
 
+/* kolo_allgather_into_async: rank r's r+1 values land in the caller's
+ * buffer; an output too small on rank 0 alone fails that rank's op only,
+ * and the next collective runs on every rank. */
+static void test_allgather_into(kolo_comm_t *comm)
+{
+	size_t total = (size_t)size_ * (size_t)(size_ + 1) / 2;
+	int32_t mine[16], *out = calloc(total + 1, sizeof(int32_t));
+	size_t *rc = calloc((size_t)size_, sizeof(size_t));
+	for (int i = 0; i <= rank_; i++)
+		mine[i] = 100 * rank_ + i;
+	kolo_handle_t *h = NULL;
+	CHECK(kolo_allgather_into_async(comm, "agi", mine, (size_t)rank_ + 1, KOLO_INT32, out,
+	                                total + 1, rc, NULL, NULL, &h) == KOLO_OK,
+	      "allgather_into: %s", kolo_last_error(comm));
+	CHECK(kolo_wait(h) == KOLO_OK, "allgather_into wait: %s", kolo_last_error(comm));
+	size_t o = 0;
+	for (int r = 0; r < size_; r++) {
+		CHECK(rc[r] == (size_t)r + 1, "allgather_into count of rank %d: %zu", r, rc[r]);
+		for (size_t i = 0; i < rc[r]; i++, o++)
+			CHECK(out[o] == 100 * r + (int32_t)i, "allgather_into value %zu: %d", o,
+			      out[o]);
+	}
+	size_t cap = rank_ == 0 ? total - 1 : total;
+	CHECK(kolo_allgather_into_async(comm, "agi.small", mine, (size_t)rank_ + 1, KOLO_INT32, out,
+	                                cap, rc, NULL, NULL, &h) == KOLO_OK,
+	      "allgather_into small: %s", kolo_last_error(comm));
+	kolo_status_t st = kolo_wait(h);
+	CHECK(rank_ == 0 ? st == KOLO_EINVAL && strstr(kolo_last_error(comm), "recvbuf holds")
+	                 : st == KOLO_OK,
+	      "allgather_into with %zu of %zu: %s (%s)", cap, total, kolo_strerror(st),
+	      kolo_last_error(comm));
+	int64_t b = rank_;
+	CHECK(kolo_broadcast_async(comm, "agi.after", &b, 1, KOLO_INT64, 0, NULL, NULL, &h) ==
+	                      KOLO_OK &&
+	              kolo_wait(h) == KOLO_OK && b == 0,
+	      "broadcast after a failed allgather_into: %s", kolo_last_error(comm));
+	free(out);
+	free(rc);
+}
+
 static double now_s(void)
 {
 	struct timespec t;
@@ -256,6 +296,7 @@ int main(int argc, char **argv)
 	test_others(comm);
 	test_mismatch(comm);
 	test_wait_for(comm);
+	test_allgather_into(comm);
 	test_join(comm);
 	/* The same names again: now served from the response cache. */
 	test_allreduce(comm);

@@ -185,7 +185,6 @@ def refused():
         "noncontiguous": lambda: dist.all_reduce(torch.ones(3, 2).t()),
         "bool_sum": lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool)),
         "subset": lambda: dist.new_group([0]),
-        "monitored_barrier": lambda: dist.monitored_barrier(),
     }
     for k, fn in tries.items():
         try:

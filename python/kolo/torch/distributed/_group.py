@@ -208,17 +208,12 @@ class ProcessGroupKolo(dist.ProcessGroup):
                              f"(size {self.size()})")
 
     def _gather_flat(self, t: torch.Tensor, name: str, out: Optional[torch.Tensor]) -> list:
-        """Allgathers t; the result lands in out (flat, size * t elements)
-        when given, else in a new tensor. Counts are checked in finish."""
-        n = self.size()
-        want = n * t.numel()
-
-        def alloc(total: int) -> torch.Tensor:
-            if out is not None and total == want:
-                return out
-            return torch.empty(total, dtype=t.dtype, device=t.device)
-
-        return [kolo.allgather_async(t, alloc, name=name)]
+        """Allgathers t straight into out (flat, size * t elements; a new
+        tensor when None). Counts are checked in finish: a rank that sent
+        more than its share fails the op in kolo (the output is too small)."""
+        if out is None:
+            out = torch.empty(self.size() * t.numel(), dtype=t.dtype, device=t.device)
+        return [kolo.allgather_into_async(t, out, name=name)]
 
     def _counts_equal(self, results: list, per_rank: int, what: str) -> torch.Tensor:
         flat, counts = results[0]
@@ -254,9 +249,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         m = t.numel()
 
         def finish(results: list) -> None:
-            flat = self._counts_equal(results, m, "all_gather_into_tensor")
-            if flat.data_ptr() != out.data_ptr():
-                out.copy_(flat)
+            self._counts_equal(results, m, "all_gather_into_tensor")
 
         return self._issue("allgather_base", [output],
                            lambda n: self._gather_flat(t, n, out), finish)
