@@ -13,7 +13,14 @@ times (kolo, gloo, kolo, gloo, ...), so both see the same machine load:
   allreduces, SGD step) for a communication-bound model: an MLP of ~25M
   parameters with a batch of 8;
 * ``ddp compute``: the same for a compute-bound model, a small CNN on 32x32
-  images, batch 64.
+  images, batch 64;
+* ``fsdp2 comm``: FSDP2 (``fully_shard`` per Linear layer and at the root, on
+  a DeviceMesh of the group) training the MLP: parameters all-gathered in
+  forward and backward, gradients reduce-scattered;
+* ``limit``: the MLP's step without communication (DDP under ``no_sync``)
+  plus one ``dist.all_reduce`` of all its gradients. When the ranks
+  outnumber the CPUs, backward takes every CPU and the reductions need CPUs
+  too, so no overlap can beat their sum: the physical limit of ``ddp comm``.
 
 Times are the slowest rank's median per round, then the median over rounds.
 Under torchrun (``--launcher env``) the default group is kolo over env://.
@@ -74,9 +81,22 @@ def bench_allreduce(group, iters, nbytes):
     return statistics.median(times)
 
 
-def bench_ddp(group, make, batch, steps):
+def fsdp2(model, group):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, "cpu")
+    for m in model:
+        if isinstance(m, nn.Linear):
+            fully_shard(m, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def bench_ddp(group, make, batch, steps, kind="ddp"):
     model = make()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+    if kind == "fsdp2":
+        ddp = fsdp2(model, group)
+    else:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(dist.get_rank())
     x = torch.randn(*batch, generator=g)
@@ -85,9 +105,12 @@ def bench_ddp(group, make, batch, steps):
     for s in range(steps + 1):
         dist.barrier(group=group)
         t0 = time.perf_counter()
-        loss = F.cross_entropy(ddp(x), y)
         opt.zero_grad()
-        loss.backward()
+        if kind == "nosync":
+            with ddp.no_sync():
+                F.cross_entropy(ddp(x), y).backward()
+        else:
+            F.cross_entropy(ddp(x), y).backward()
         opt.step()
         if s:  # the first step builds the buckets
             times.append(time.perf_counter() - t0)
@@ -111,7 +134,8 @@ def main():
     n, rank = dist.get_world_size(), dist.get_rank()
     groups = {"kolo": None, "gloo": dist.new_group(backend="gloo")}
     nbytes = args.mib << 20
-    res = {b: {"allreduce_s": [], "comm_s": [], "compute_s": []} for b in groups}
+    res = {b: {"allreduce_s": [], "comm_s": [], "compute_s": [], "fsdp2_s": [], "limit_s": []}
+           for b in groups}
     params = {}
     for r in range(args.rounds):
         for b, g in groups.items():
@@ -120,26 +144,34 @@ def main():
             res[b]["comm_s"].append(slowest(t))
             t, params["compute"] = bench_ddp(g, SmallCNN, (64, 3, 32, 32), args.steps)
             res[b]["compute_s"].append(slowest(t))
+            t, _ = bench_ddp(g, comm_model, (8, 1024), args.steps, "fsdp2")
+            res[b]["fsdp2_s"].append(slowest(t))
+            t, _ = bench_ddp(g, comm_model, (8, 1024), args.steps, "nosync")
+            res[b]["limit_s"].append(slowest(t) + slowest(
+                bench_allreduce(g, args.iters, params["comm"] * 4)))
         if rank == 0:
             print(f"round {r + 1}/{args.rounds}: " + "; ".join(
                 f"{b} allreduce {v['allreduce_s'][-1] * 1e3:.0f} ms, comm step "
-                f"{v['comm_s'][-1] * 1e3:.0f} ms, compute step {v['compute_s'][-1] * 1e3:.1f} ms"
+                f"{v['comm_s'][-1] * 1e3:.0f} ms, compute step {v['compute_s'][-1] * 1e3:.1f} ms, "
+                f"fsdp2 step {v['fsdp2_s'][-1] * 1e3:.0f} ms, limit {v['limit_s'][-1] * 1e3:.0f} ms"
                 for b, v in res.items()), flush=True)
     if rank == 0:
         med = {b: {k: statistics.median(v) for k, v in d.items()} for b, d in res.items()}
         busbw = {b: nbytes * 2 * (n - 1) / n / med[b]["allreduce_s"] / 1e9 for b in med}
         print(f"\n{n} ranks, 1 torch thread each, median of {args.rounds} interleaved rounds "
               f"(each the slowest rank's median)")
-        print(f"{'':34s} {'kolo':>10s} {'gloo':>10s} {'kolo/gloo':>10s}")
-        print(f"{'allreduce ' + str(args.mib) + ' MiB f32 time (ms)':34s} "
+        print(f"{'':42s} {'kolo':>10s} {'gloo':>10s} {'kolo/gloo':>10s}")
+        print(f"{'allreduce ' + str(args.mib) + ' MiB f32 time (ms)':42s} "
               f"{med['kolo']['allreduce_s'] * 1e3:10.1f} {med['gloo']['allreduce_s'] * 1e3:10.1f} "
               f"{med['kolo']['allreduce_s'] / med['gloo']['allreduce_s']:10.2f}")
-        print(f"{'allreduce busbw (GB/s)':34s} {busbw['kolo']:10.2f} {busbw['gloo']:10.2f} "
+        print(f"{'allreduce busbw (GB/s)':42s} {busbw['kolo']:10.2f} {busbw['gloo']:10.2f} "
               f"{busbw['kolo'] / busbw['gloo']:10.2f}")
         for k, label in (("comm", f"DDP step, MLP {params['comm'] / 1e6:.1f}M params, batch 8"),
-                         ("compute", f"DDP step, CNN {params['compute'] / 1e3:.0f}k params, b 64")):
+                         ("compute", f"DDP step, CNN {params['compute'] / 1e3:.0f}k params, b 64"),
+                         ("fsdp2", "FSDP2 step, the MLP, batch 8"),
+                         ("limit", "limit: MLP no_sync step + allreduce")):
             a, b = med["kolo"][f"{k}_s"], med["gloo"][f"{k}_s"]
-            print(f"{label + ' (ms)':34s} {a * 1e3:10.1f} {b * 1e3:10.1f} {a / b:10.2f}")
+            print(f"{label + ' (ms)':42s} {a * 1e3:10.1f} {b * 1e3:10.1f} {a / b:10.2f}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"bench": "ddp_bench", "ranks": n, "rounds": res, "median": med,
