@@ -79,7 +79,8 @@ static kolo_status_t check_buffers(const struct kolo_engine_op *op, int n, struc
 		p->ncounts = 1;
 		break;
 	case KOLO_FK_ALLTOALL:
-		assert((!op->count || op->sendbuf) && op->recvbuf_out && op->recvcounts);
+		assert((!op->count || op->sendbuf) && (op->recvbuf_out || op->recv_into) &&
+		       op->recvcounts);
 		assert(op->sendcounts || op->count % (size_t)n == 0);
 		p->ncounts = (uint32_t)n;
 		break;

@@ -571,13 +571,14 @@ static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, siz
 /* Each returns KOLO_ENOMEM when it cannot allocate (nothing ran) and
  * otherwise KOLO_OK, with the collective's outcome in *ring_st. */
 
-/* An allgather into the caller's buffer whose gathered total does not fit
+/* An allgather or alltoall into the caller's buffer whose total does not fit
  * still takes part (into a buffer of its own: the other ranks need this
  * one), then fails alone with KOLO_EINVAL (run_others goes on). */
 static kolo_status_t gather_misfit(struct fusion_queued_op *o, size_t total, char *msg, size_t len)
 {
-	snprintf(msg, len, "allgather: the ranks sent %zu elements in all; recvbuf holds %zu",
-	         total, o->op.recv_capacity);
+	snprintf(msg, len, "%s: %zu elements came from the ranks in all; recvbuf holds %zu",
+	         o->op.kind == KOLO_FK_ALLGATHER ? "allgather" : "alltoall", total,
+	         o->op.recv_capacity);
 	return KOLO_EINVAL;
 }
 
@@ -615,7 +616,8 @@ static kolo_status_t run_allgather(struct kolo_engine *e, const struct fusion_pa
 
 /* p->counts is the size x size matrix of sendcounts: row r is rank r's. */
 static kolo_status_t run_alltoall(struct kolo_engine *e, const struct fusion_params *p,
-                                  struct fusion_queued_op *o, kolo_status_t *ring_st)
+                                  struct fusion_queued_op *o, kolo_status_t *ring_st, char *msg,
+                                  size_t len)
 {
 	kolo_dtype_t dt = (kolo_dtype_t)p->dtype;
 	size_t n = (size_t)e->size, me = (size_t)e->rank;
@@ -630,8 +632,9 @@ static kolo_status_t run_alltoall(struct kolo_engine *e, const struct fusion_par
 		sc[i] = (size_t)p->counts[me * n + i];
 		total += rcv[i] = (size_t)p->counts[i * n + me];
 	}
-	void *buf = malloc(total ? total * kolo_dtype_size(dt) : 1);
-	if (!buf) {
+	bool into = o->op.recv_into && total <= o->op.recv_capacity;
+	void *buf = into ? o->op.recvbuf_into : malloc(total ? total * kolo_dtype_size(dt) : 1);
+	if (!buf && !into) {
 		free(sc);
 		free(rcv);
 		return KOLO_ENOMEM;
@@ -639,16 +642,17 @@ static kolo_status_t run_alltoall(struct kolo_engine *e, const struct fusion_par
 	kolo_status_t st = fusion_params_total(p)
 	                           ? kolo_ring_alltoallv(e->rc, o->op.sendbuf, sc, buf, rcv, dt)
 	                           : KOLO_OK;
-	if (st == KOLO_OK) {
+	if (st == KOLO_OK)
 		memcpy(o->op.recvcounts, rcv, n * sizeof(size_t));
+	if (st == KOLO_OK && !o->op.recv_into)
 		*o->op.recvbuf_out = buf;
-	} else {
+	else if (!into)
 		free(buf);
-	}
 	free(sc);
 	free(rcv);
 	*ring_st = st;
-	return KOLO_OK;
+	return st == KOLO_OK && o->op.recv_into && !into ? gather_misfit(o, total, msg, len)
+	                                                 : KOLO_OK;
 }
 
 static kolo_status_t run_reducescatter(struct kolo_engine *e, const struct fusion_params *p,
@@ -685,7 +689,7 @@ static kolo_status_t run_exclusive(struct kolo_engine *e, struct fusion_response
 
 /* A device op of another kind: allgather and alltoall allocate their
  * output on the device of the input (kolo_free frees it), unless the
- * allgather was given one. */
+ * caller gave one. */
 static kolo_status_t dev_other(struct kolo_engine *e, const struct fusion_params *p,
                                struct fusion_queued_op *o, char *msg, size_t len)
 {
@@ -733,7 +737,7 @@ static kolo_status_t dev_other(struct kolo_engine *e, const struct fusion_params
 		c.counts = a;
 		break;
 	}
-	bool into = p->kind == KOLO_FK_ALLGATHER && o->op.recv_into && out <= o->op.recv_capacity;
+	bool into = alloc && o->op.recv_into && out <= o->op.recv_capacity;
 	if (st == KOLO_OK && alloc) {
 		int ord = -1;
 		void *s;
@@ -755,7 +759,7 @@ static kolo_status_t dev_other(struct kolo_engine *e, const struct fusion_params
 	                     : p->counts[0] == 0;
 	if (st == KOLO_OK && !empty)
 		st = dev_coll(e, &c, msg, len);
-	bool given = p->kind == KOLO_FK_ALLGATHER && o->op.recv_into;
+	bool given = alloc && o->op.recv_into;
 	if (st == KOLO_OK && alloc)
 		memcpy(o->op.recvcounts, p->kind == KOLO_FK_ALLGATHER ? a : bc, n * sizeof(size_t));
 	if (st == KOLO_OK && alloc && !given)
@@ -790,7 +794,7 @@ static kolo_status_t run_other(struct kolo_engine *e, struct fusion_response *r,
 		st = run_allgather(e, p, o, &ring_st, msg, len);
 		break;
 	case KOLO_FK_ALLTOALL:
-		st = run_alltoall(e, p, o, &ring_st);
+		st = run_alltoall(e, p, o, &ring_st, msg, len);
 		break;
 	case KOLO_FK_BROADCAST:
 		if (p->counts[0])

@@ -148,8 +148,8 @@ struct kolo_engine_op {
 	const size_t *counts;
 	/* ALLGATHER / ALLTOALL outputs; ALLTOALL sendcounts (NULL: equal split) */
 	void **recvbuf_out;
-	/* ALLGATHER into the caller's buffer of recv_capacity elements instead
-	 * of a new one in *recvbuf_out (then NULL) */
+	/* ALLGATHER / ALLTOALL into the caller's buffer of recv_capacity
+	 * elements instead of a new one in *recvbuf_out (then NULL) */
 	bool recv_into;
 	void *recvbuf_into;
 	size_t recv_capacity;

@@ -222,6 +222,40 @@ KOLO_API kolo_status_t kolo_alltoall_async(kolo_comm_t *comm, const char *name, 
 	return submit(comm, &o, handle);
 }
 
+KOLO_API kolo_status_t kolo_alltoall_into_async(kolo_comm_t *comm, const char *name,
+                                                const void *sendbuf, size_t count,
+                                                const size_t *sendcounts, kolo_dtype_t dtype,
+                                                void *recvbuf, size_t recvcap, size_t *recvcounts,
+                                                kolo_callback_fn cb, void *cb_arg,
+                                                kolo_handle_t **handle)
+{
+	static const char coll[] = "alltoall";
+	size_t total = 0;
+	kolo_args_mem_reset();
+	if (handle)
+		*handle = NULL;
+	KOLO_CHECK(kolo_args_alltoall(comm, sendbuf, count, sendcounts, dtype, &total));
+	KOLO_CHECK(kolo_args_name(comm, coll, "name", name));
+	KOLO_CHECK(kolo_args_buf(comm, coll, "recvbuf", recvbuf, recvcap));
+	KOLO_CHECK(kolo_args_ptr(comm, coll, "recvcounts", recvcounts));
+	KOLO_CHECK(kolo_args_same_memory(comm, coll, sendbuf, total, recvbuf, recvcap));
+	struct kolo_engine_op o = {
+	        .kind = KOLO_FK_ALLTOALL,
+	        .name = name,
+	        .dtype = dtype,
+	        .count = total,
+	        .sendcounts = sendcounts,
+	        .sendbuf = sendbuf,
+	        .recv_into = true,
+	        .recvbuf_into = recvbuf,
+	        .recv_capacity = recvcap,
+	        .recvcounts = recvcounts,
+	        .cb = cb,
+	        .cb_arg = cb_arg,
+	};
+	return submit(comm, &o, handle);
+}
+
 KOLO_API kolo_status_t kolo_reducescatter_async(kolo_comm_t *comm, const char *name,
                                                 const void *sendbuf, void *recvbuf, size_t count,
                                                 kolo_dtype_t dtype, kolo_op_t op, double prescale,

@@ -67,6 +67,15 @@ KOLO_API kolo_status_t kolo_allgather_into_async(kolo_comm_t *comm, const char *
                                                  size_t *recvcounts, kolo_callback_fn cb,
                                                  void *cb_arg, kolo_handle_t **handle);
 
+/* kolo_alltoall_async into the caller's recvbuf of recvcap elements, as
+ * kolo_allgather_into_async. */
+KOLO_API kolo_status_t kolo_alltoall_into_async(kolo_comm_t *comm, const char *name,
+                                                const void *sendbuf, size_t count,
+                                                const size_t *sendcounts, kolo_dtype_t dtype,
+                                                void *recvbuf, size_t recvcap, size_t *recvcounts,
+                                                kolo_callback_fn cb, void *cb_arg,
+                                                kolo_handle_t **handle);
+
 KOLO_API kolo_status_t kolo_broadcast_async(kolo_comm_t *comm, const char *name, void *buf,
                                             size_t count, kolo_dtype_t dtype, int root,
                                             kolo_callback_fn cb, void *cb_arg,

@@ -817,6 +817,20 @@ def alltoall_async(send: Any, alloc: Callable[[int], Any],
     """Sends ``splits[j]`` elements of ``send`` (in order) to rank j (None:
     equal parts). The result is ``(output, received counts)``."""
     s = buffer(send, "send")
+    c_splits = _splits(s, splits)
+    counts = (ctypes.c_size_t * size())()
+    recv = ctypes.c_void_p()
+    nm = op_name("alltoall", name)
+    isz = itemsize(s.dtype_name)
+    dev = s.device is not None
+    return _enqueue("kolo_alltoall_async", f"alltoall {nm.decode()}",
+                    [nm, s.ptr, s.count, c_splits, s.dtype, ctypes.byref(recv), counts],
+                    (s, counts, recv, c_splits),
+                    lambda: _gathered(recv, counts, isz, alloc, dev), s.stream)
+
+
+def _splits(s: Buffer, splits: Optional[Sequence[int]]) -> Any:
+    """An alltoall's splits as a C array (None: equal parts), checked."""
     n = size()
     c_splits = None
     if splits is not None:
@@ -828,15 +842,23 @@ def alltoall_async(send: Any, alloc: Callable[[int], Any],
     elif s.count % n:
         raise ValueError(f"kolo: alltoall of {s.count} elements does not split into {n} equal "
                          f"parts; give splits")
-    counts = (ctypes.c_size_t * n)()
-    recv = ctypes.c_void_p()
+    return c_splits
+
+
+def alltoall_into_async(send: Any, out: Any, splits: Optional[Sequence[int]] = None,
+                        name: Optional[str] = None) -> Handle:
+    """:func:`alltoall_async` straight into ``out`` (of send's dtype and kind
+    of memory), which must hold what arrives: no allocation and no copy. The
+    result is ``(out, received counts)``."""
+    s, o = buffer(send, "send"), buffer(out, "output")
+    if o.dtype_name != s.dtype_name:
+        raise ValueError(f"kolo: alltoall: output is {o.dtype_name}, input {s.dtype_name}")
+    c_splits = _splits(s, splits)
+    counts = (ctypes.c_size_t * size())()
     nm = op_name("alltoall", name)
-    isz = itemsize(s.dtype_name)
-    dev = s.device is not None
-    return _enqueue("kolo_alltoall_async", f"alltoall {nm.decode()}",
-                    [nm, s.ptr, s.count, c_splits, s.dtype, ctypes.byref(recv), counts],
-                    (s, counts, recv, c_splits),
-                    lambda: _gathered(recv, counts, isz, alloc, dev), s.stream)
+    return _enqueue("kolo_alltoall_into_async", f"alltoall {nm.decode()}",
+                    [nm, s.ptr, s.count, c_splits, s.dtype, o.ptr, o.count, counts],
+                    (s, o, counts, c_splits), lambda: (out, list(counts)), _stream(s, o))
 
 
 def reducescatter_count(count: int, n: int, r: int) -> int:
@@ -1022,7 +1044,7 @@ __all__ = [
     "Error", "MembershipError", "MismatchError", "ShutdownError", "Buffer", "Handle", "Commit",
     "init", "finalize", "shutdown", "abort", "is_initialized", "rank", "size", "local_rank",
     "local_size", "cross_rank", "cross_size", "round", "last_error", "allreduce_async",
-    "grouped_allreduce_async", "allgather_async", "allgather_into_async", "broadcast_async", "alltoall_async",
+    "grouped_allreduce_async", "allgather_async", "allgather_into_async", "alltoall_into_async", "broadcast_async", "alltoall_async",
     "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
     "send_async", "recv_async", "send", "recv", "ANY_SOURCE",
     "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",

@@ -135,6 +135,11 @@ PROTOTYPES = {
         [c_comm_p, c_char_p, c_void_p, c_size_t, c_dtype, P(c_void_p), P(c_size_t),
          c_callback, c_void_p, P(c_handle_p)],
     ),
+    "kolo_alltoall_into_async": (
+        c_status,
+        [c_comm_p, c_char_p, c_void_p, c_size_t, P(c_size_t), c_dtype, c_void_p, c_size_t,
+         P(c_size_t), c_callback, c_void_p, P(c_handle_p)],
+    ),
     "kolo_allgather_into_async": (
         c_status,
         [c_comm_p, c_char_p, c_void_p, c_size_t, c_dtype, c_void_p, c_size_t, P(c_size_t),

@@ -128,6 +128,24 @@ static void test_others(kolo_comm_t *comm)
 	for (int i = 0; i < size_ && out; i++)
 		CHECK(rc[i] == 2 && ((int32_t *)out)[2 * i] == i * 100 + rank_, "alltoall value");
 	free(out);
+	/* alltoall into a buffer of ours; then one too small on the last rank alone */
+	int32_t *into = calloc((size_t)size_ * 2, sizeof(int32_t));
+	CHECK(kolo_alltoall_into_async(comm, "a2a.into", snd, (size_t)size_ * 2, NULL, KOLO_INT32,
+	                               into, (size_t)size_ * 2, rc, NULL, NULL, &h) == KOLO_OK,
+	      "alltoall_into: %s", kolo_last_error(comm));
+	CHECK(kolo_wait(h) == KOLO_OK, "alltoall_into wait: %s", kolo_last_error(comm));
+	for (int i = 0; i < size_; i++)
+		CHECK(rc[i] == 2 && into[2 * i] == i * 100 + rank_ &&
+		              into[2 * i + 1] == into[2 * i],
+		      "alltoall_into value from rank %d: %d", i, into[2 * i]);
+	size_t cap = rank_ == size_ - 1 ? (size_t)size_ * 2 - 1 : (size_t)size_ * 2;
+	CHECK(kolo_alltoall_into_async(comm, "a2a.small", snd, (size_t)size_ * 2, NULL, KOLO_INT32,
+	                               into, cap, rc, NULL, NULL, &h) == KOLO_OK,
+	      "alltoall_into small: %s", kolo_last_error(comm));
+	kolo_status_t ast = kolo_wait(h);
+	CHECK(rank_ == size_ - 1 ? ast == KOLO_EINVAL : ast == KOLO_OK, "alltoall_into of %zu: %s",
+	      cap, kolo_strerror(ast));
+	free(into);
 	free(snd);
 	/* reducescatter */
 	size_t count = (size_t)size_ * 3 + 1;

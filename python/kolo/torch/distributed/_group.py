@@ -318,15 +318,11 @@ class ProcessGroupKolo(dist.ProcessGroup):
 
     def _alltoall(self, send: torch.Tensor, splits: List[int], recv_counts: List[int],
                   out: Optional[torch.Tensor], what: str) -> tuple:
-        total = sum(recv_counts)
-
-        def alloc(n: int) -> torch.Tensor:
-            if out is not None and n == total:
-                return out
-            return torch.empty(n, dtype=send.dtype, device=send.device)
+        if out is None:
+            out = torch.empty(sum(recv_counts), dtype=send.dtype, device=send.device)
 
         def launch(name: str) -> list:
-            return [kolo.alltoall_async(send, alloc, splits=splits, name=name)]
+            return [kolo.alltoall_into_async(send, out, splits=splits, name=name)]
 
         def received(results: list) -> torch.Tensor:
             flat, counts = results[0]
@@ -366,9 +362,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         launch, received = self._alltoall(send, splits, recv, out, "all_to_all_single")
 
         def finish(results: list) -> None:
-            flat = received(results)
-            if flat.data_ptr() != out.data_ptr():
-                out.copy_(flat)
+            received(results)
 
         return self._issue("alltoall_base", [output], launch, finish)
 
