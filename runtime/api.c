@@ -39,6 +39,21 @@ KOLO_API int kolo_cross_size(const kolo_comm_t *comm)
 	return comm ? comm->assignment.cross_size : -1;
 }
 
+KOLO_API int kolo_is_homogeneous(const kolo_comm_t *comm)
+{
+	if (!comm)
+		return -1;
+	const struct kolo_rdzv_assignment *a = &comm->assignment;
+	for (int i = 0; i < a->n_members; i++) {
+		int same = 0;
+		for (int j = 0; j < a->n_members; j++)
+			same += strcmp(a->members[i].host, a->members[j].host) == 0;
+		if (same != a->local_size)
+			return 0;
+	}
+	return 1;
+}
+
 KOLO_API int64_t kolo_round(const kolo_comm_t *comm)
 {
 	return comm ? comm->assignment.round : -1;

@@ -429,6 +429,30 @@ START_TEST(test_getters)
 }
 END_TEST
 
+/* Hosts a, a, b, b (2 + 2): homogeneous; a, a, a, b (3 + 1): not. */
+START_TEST(test_is_homogeneous)
+{
+	struct kolo_rdzv_member m[SIZE];
+	memset(m, 0, sizeof(m));
+	const char *even[SIZE] = {"a", "a", "b", "b"}, *odd[SIZE] = {"a", "a", "a", "b"};
+	comm.assignment.members = m;
+	comm.assignment.n_members = SIZE;
+	comm.assignment.local_size = 2;
+	for (int r = 0; r < SIZE; r++)
+		snprintf(m[r].host, sizeof(m[r].host), "%s", even[r]);
+	ck_assert_int_eq(kolo_is_homogeneous(&comm), 1);
+	for (int r = 0; r < SIZE; r++)
+		snprintf(m[r].host, sizeof(m[r].host), "%s", odd[r]);
+	comm.assignment.local_size = 3;
+	ck_assert_int_eq(kolo_is_homogeneous(&comm), 0);
+	comm.assignment.local_size = 1;
+	ck_assert_int_eq(kolo_is_homogeneous(&comm), 0);
+	comm.assignment.members = NULL;
+	comm.assignment.n_members = 0;
+	ck_assert_int_eq(kolo_is_homogeneous(NULL), -1);
+}
+END_TEST
+
 START_TEST(test_init_without_rendezvous)
 {
 	unsetenv("KOLO_RENDEZVOUS");
@@ -451,6 +475,7 @@ static Suite *api_suite(void)
 	tcase_add_test(tc, test_good_calls);
 	tcase_add_test(tc, test_null_comm);
 	tcase_add_test(tc, test_getters);
+	tcase_add_test(tc, test_is_homogeneous);
 	tcase_add_test(tc, test_init_without_rendezvous);
 	suite_add_tcase(s, tc);
 	return s;

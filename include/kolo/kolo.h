@@ -115,6 +115,9 @@ KOLO_API int kolo_local_rank(const kolo_comm_t *comm);
 KOLO_API int kolo_local_size(const kolo_comm_t *comm);
 KOLO_API int kolo_cross_rank(const kolo_comm_t *comm);
 KOLO_API int kolo_cross_size(const kolo_comm_t *comm);
+/* 1 when every host holds the same number of ranks (each host's count is
+ * kolo_local_size()), 0 when not; -1 for NULL. */
+KOLO_API int kolo_is_homogeneous(const kolo_comm_t *comm);
 /* The membership round this comm was formed in (1 for the first). */
 KOLO_API int64_t kolo_round(const kolo_comm_t *comm);
 /* The message of the last failed call on this comm; "" when none. */

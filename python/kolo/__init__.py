@@ -99,6 +99,11 @@ _NUMPY_DTYPES = {
     "float32": "float32",
     "float64": "float64",
     "bool": "bool",
+    "bfloat16": "bfloat16",  # ml_dtypes.bfloat16 (TensorFlow's and JAX's numpy bfloat16)
+}
+_CTYPES_DTYPES = {
+    ctypes.c_int8: "int8", ctypes.c_uint8: "uint8", ctypes.c_int32: "int32",
+    ctypes.c_int64: "int64", ctypes.c_float: "float32", ctypes.c_double: "float64",
 }
 SUPPORTED = ", ".join(list(DTYPES) + ["bool (not for sum, average or product)"])
 
@@ -216,8 +221,9 @@ def _cai_buffer(obj: Any, name: str) -> tuple:
 
 
 def buffer(obj: Any, name: str = "tensor", reduce: Optional[str] = None) -> Buffer:
-    """A :class:`Buffer` over a numpy array, a torch tensor (CPU or CUDA) or
-    an object with ``__cuda_array_interface__``, without a copy. ``reduce``
+    """A :class:`Buffer` over a numpy array, a torch tensor (CPU or CUDA), an
+    object with ``__cuda_array_interface__`` or a ctypes array of a kolo
+    dtype, without a copy. ``reduce``
     names the op for reductions (bool is refused for sum, average and
     product). A CUDA buffer records the current stream of its device (torch's
     ``torch.cuda.current_stream(device)``; the interface's ``stream``).
@@ -260,9 +266,13 @@ def buffer(obj: Any, name: str = "tensor", reduce: Optional[str] = None) -> Buff
         if not a.flags["WRITEABLE"]:
             raise ValueError(f"kolo: {name} is read-only")
         ptr, count = a.__array_interface__["data"][0], a.size
+    elif isinstance(obj, ctypes.Array) and obj._type_ in _CTYPES_DTYPES:
+        # ctypes arrays: what the framework-neutral helpers use (no numpy).
+        ptr, count, dt = ctypes.addressof(obj), len(obj), _CTYPES_DTYPES[obj._type_]
     else:
         raise TypeError(f"kolo: {name} is a {type(obj).__name__}; kolo takes numpy arrays, "
-                        f"torch tensors and objects with __cuda_array_interface__")
+                        f"torch tensors, objects with __cuda_array_interface__ and ctypes "
+                        f"arrays")
     if dt == "bool" and reduce in ("sum", "average", "product"):
         raise TypeError(f"kolo: {name} is boolean; {reduce} is not defined for it (use min "
                         f"or max, or convert it)")
@@ -480,6 +490,11 @@ def cross_rank() -> int:
 
 def cross_size() -> int:
     return _int("kolo_cross_size")
+
+
+def is_homogeneous() -> bool:
+    """Whether every host holds the same number of ranks."""
+    return _int("kolo_is_homogeneous") == 1
 
 
 def round() -> int:  # noqa: A001 - the C name

@@ -96,6 +96,7 @@ PROTOTYPES = {
     "kolo_local_size": (c_int, [c_comm_p]),
     "kolo_cross_rank": (c_int, [c_comm_p]),
     "kolo_cross_size": (c_int, [c_comm_p]),
+    "kolo_is_homogeneous": (c_int, [c_comm_p]),
     "kolo_round": (c_int64, [c_comm_p]),
     "kolo_last_error": (c_char_p, [c_comm_p]),
     "kolo_allreduce": (c_status, [c_comm_p, c_void_p, c_void_p, c_size_t, c_dtype, c_op]),

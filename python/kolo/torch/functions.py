@@ -1,39 +1,22 @@
 """Horovod's broadcast and gather helpers (``horovod.torch.functions``).
 
 Every rank calls each of them, in the same order: they are collectives.
-Objects travel pickled (with cloudpickle when it is installed, as Horovod
-does, so that lambdas and local classes travel too; plain pickle otherwise):
-only ranks of one job, which already trust each other, ever unpickle them.
+Objects travel pickled (kolo.common.objects: with cloudpickle when it is
+installed, as Horovod does; plain pickle otherwise).
 """
 
 from __future__ import annotations
 
 import collections
 import collections.abc
-import io
-import pickle
 from typing import Any, Iterable, List, Optional, Tuple, Union
 
 import torch
 
+from kolo.common import objects as _objects
+
 from . import mpi_ops
 from .mpi_ops import ProcessSet, global_process_set
-
-try:  # as Horovod: objects that plain pickle refuses (lambdas, local classes)
-    import cloudpickle as _pickler
-except ImportError:  # pragma: no cover - depends on the environment
-    _pickler = pickle
-
-
-def _dumps(obj: Any) -> bytes:
-    b = io.BytesIO()
-    _pickler.dump(obj, b)
-    return b.getvalue()
-
-
-def _loads(data: bytes) -> Any:
-    return pickle.loads(data)
-
 
 def broadcast_parameters(params: Union[dict, Iterable], root_rank: int) -> None:
     """Copies rank ``root_rank``'s tensors into the same tensors on every
@@ -169,40 +152,17 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     """Returns rank ``root_rank``'s ``obj`` on every rank (the others' ``obj``
     is ignored, and may be None). Every rank calls it, with the same
     ``name`` or all without one (unnamed calls are numbered in call order).
-    The root pickles the object; its size, then its bytes travel as
-    tensors."""
+    The root pickles the object; its size, then its bytes travel
+    (kolo.common.objects)."""
     mpi_ops._check_process_set(process_set, "broadcast_object")
-    root_rank = mpi_ops._root(root_rank)
-    name = mpi_ops._name("broadcast_object", name)
-    if mpi_ops.rank() == root_rank:
-        data = _dumps(obj)
-        size = torch.tensor([len(data)], dtype=torch.int64)
-        mpi_ops.broadcast_(size, root_rank, name + ".sz", process_set)
-        t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        mpi_ops.broadcast_(t, root_rank, name + ".t", process_set)
-        return obj
-    size = torch.zeros(1, dtype=torch.int64)
-    mpi_ops.broadcast_(size, root_rank, name + ".sz", process_set)
-    t = torch.empty(int(size.item()), dtype=torch.uint8)
-    mpi_ops.broadcast_(t, root_rank, name + ".t", process_set)
-    return _loads(t.numpy().tobytes())
+    return _objects.broadcast_object(obj, root_rank, name)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
     """Returns the list of every rank's ``obj``, in rank order. Every rank
     calls it, with the same ``name`` or all without one (unnamed calls are
     numbered in call order)."""
-    data = _dumps(obj)
-    name = mpi_ops._name("allgather_object", name)
-    t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    gathered, rows = mpi_ops._allgather_op(t, name + ".t", global_process_set,
-                                           kind="allgather_object").wait()
-    raw = gathered.numpy().tobytes()
-    out, at = [], 0
-    for n in rows:
-        out.append(_loads(raw[at:at + n]))
-        at += n
-    return out
+    return _objects.allgather_object(obj, name)
 
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",

@@ -33,356 +33,30 @@ from __future__ import annotations
 
 import collections.abc
 import math
-import operator
-import os
-import threading
-import warnings
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
 import kolo
-from kolo import _lib
+# Lifecycle, topology, ops and handles are kolo.common's, re-exported here.
+from kolo.common.basics import (  # noqa: F401
+    Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set, ccl_built,
+    cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set,
+    init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built, shutdown, size,
+    start_timeline, stop_timeline)
+from kolo.common.basics import check_process_set as _check_process_set
+from kolo.common.basics import kolo_op as _kolo_op
+from kolo.common.basics import op_from as _op_from
+from kolo.common.handles import Op as _Op
+from kolo.common.handles import clear as _clear_handles  # noqa: F401
+from kolo.common.handles import poll, register as _register, synchronize  # noqa: F401
+from kolo.common.util import label as _label, mismatch as _mismatch, split_rows
+from kolo.common.util import op_name as _name, root as _root  # noqa: F401
 
 from .compression import Compression
 
-# ---- lifecycle -------------------------------------------------------------
-
-
-class ProcessSet:
-    """Horovod's process set: a subset of the ranks that runs collectives
-    together. kolo has one communicator per process, so only
-    :data:`global_process_set` can be used; building other sets is allowed
-    (scripts build them before init), using them raises
-    ``NotImplementedError``."""
-
-    process_set_id: Optional[int] = None
-    ranks: Optional[List[int]] = None
-    mpi_comm: Any = None
-
-    def __init__(self, ranks_or_comm: Union[Sequence[int], Any]):
-        if isinstance(ranks_or_comm, collections.abc.Iterable) and \
-                not isinstance(ranks_or_comm, (str, bytes)):
-            ranks = sorted(ranks_or_comm)
-            if any(not isinstance(r, int) for r in ranks):
-                raise ValueError("ProcessSet should be initialized with a list of process ranks")
-            self.ranks = ranks
-        else:
-            raise NotImplementedError(
-                "kolo does not use MPI: a ProcessSet cannot be built from an MPI communicator")
-
-    def size(self) -> Optional[int]:
-        """The number of ranks in the set; None if it is not initialized."""
-        if self.process_set_id == 0:
-            return kolo.size()
-        return None
-
-    def rank(self) -> Optional[int]:
-        """This process's rank in the set; None if it is not initialized."""
-        if self.process_set_id == 0:
-            return kolo.rank()
-        return None
-
-    def included(self) -> Optional[bool]:
-        """Whether this process is in the set; None if the set has no ranks
-        yet."""
-        if self.process_set_id == 0:
-            return True
-        if self.ranks is None:
-            return None
-        return kolo.rank() in self.ranks
-
-    def __str__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
-
-    __repr__ = __str__
-
-
-global_process_set = ProcessSet([])
-global_process_set.process_set_id = 0
-
-
-def _process_sets_refused(what: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"kolo does not implement process sets ({what}): every collective runs on the global "
-        f"process set, hvd.global_process_set")
-
-
-def _check_process_set(process_set: Any, what: str) -> None:
-    if process_set is global_process_set or (
-            isinstance(process_set, ProcessSet) and process_set.process_set_id == 0):
-        return
-    raise _process_sets_refused(f"{what} was given {process_set}")
-
-
-def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
-    """Horovod adds a dynamic process set; kolo raises NotImplementedError."""
-    raise _process_sets_refused(f"add_process_set({process_set})")
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Returns False for the global set and for sets that were never added
-    (as Horovod does); kolo has no others."""
-    if not isinstance(process_set, ProcessSet):
-        raise TypeError(f"remove_process_set takes a ProcessSet, not "
-                        f"{type(process_set).__name__}")
-    return False
-
-
-def init(comm: Optional[Sequence[int]] = None, process_sets: Any = None) -> None:
-    """Joins the job; every worker calls it once, before any collective.
-
-    ``comm`` may be None or a list of every rank (Horovod's sub-communicator
-    lists and MPI communicators raise NotImplementedError); ``process_sets``
-    may be None or a list holding only :data:`global_process_set`. Blocks
-    until every worker has joined (``KOLO_INIT_TIMEOUT_MS``). Calling it
-    again while initialized does nothing."""
-    if process_sets is not None:
-        if isinstance(process_sets, str):
-            raise _process_sets_refused(f"init(process_sets={process_sets!r})")
-        if any(ps is not global_process_set for ps in process_sets):
-            raise _process_sets_refused(f"init(process_sets={list(process_sets)})")
-    if comm is not None and not (isinstance(comm, collections.abc.Iterable)
-                                 and not isinstance(comm, (str, bytes))):
-        raise NotImplementedError("kolo does not use MPI: init(comm=<MPI communicator>) is not "
-                                  "supported; kolorun or the rendezvous forms the job")
-    ranks = None if comm is None else sorted(int(r) for r in comm)
-    kolo.init()
-    n = kolo.size()
-    if ranks and ranks != list(range(n)):
-        raise _process_sets_refused(f"init(comm={ranks}) asks for a subset of the {n} ranks")
-    global_process_set.ranks = list(range(n))
-    _clear_handles()
-
-
-def shutdown() -> None:
-    """Leaves the job (every rank calls it at the end; it also runs at
-    exit). Operations still in flight fail with kolo.ShutdownError."""
-    _clear_handles()
-    kolo.shutdown()
-
-
-def is_initialized() -> bool:
-    """True between :func:`init` and :func:`shutdown`."""
-    return kolo.is_initialized()
-
-
-def size() -> int:
-    """The number of ranks; ValueError before :func:`init`."""
-    return kolo.size()
-
-
-def local_size() -> int:
-    """The number of ranks on this host."""
-    return kolo.local_size()
-
-
-def cross_size() -> int:
-    """The number of hosts that have a rank with this process's local rank."""
-    return kolo.cross_size()
-
-
-def rank() -> int:
-    """This process's rank, 0 .. size() - 1."""
-    return kolo.rank()
-
-
-def local_rank() -> int:
-    """This process's index among the ranks of its host."""
-    return kolo.local_rank()
-
-
-def cross_rank() -> int:
-    """The index of this host among the hosts that have this local rank."""
-    return kolo.cross_rank()
-
-
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Starts writing the Chrome-trace timeline to ``file_path`` (any rank
-    may call it). Engine cycles are marked when ``KOLO_TIMELINE_MARK_CYCLES``
-    is set; ``mark_cycles=True`` without it only warns."""
-    if mark_cycles and not _env_true("KOLO_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES"):
-        warnings.warn("kolo: start_timeline(mark_cycles=True): cycle marks are configured at "
-                      "init with KOLO_TIMELINE_MARK_CYCLES=1; not marking them", stacklevel=2)
-    kolo.timeline_start(file_path)
-
-
-def stop_timeline() -> None:
-    """Stops writing the timeline and closes the file."""
-    kolo.timeline_stop()
-
-
-def _env_true(*names: str) -> bool:
-    return any(os.environ.get(n, "").lower() in ("1", "true", "yes", "on") for n in names)
-
-
-# Build flags: kolo has none of Horovod's backends; each answer is False.
-def mpi_threads_supported() -> bool:
-    """False: kolo does not use MPI."""
-    return False
-
-
-def mpi_enabled() -> bool:
-    """False: kolo does not use MPI."""
-    return False
-
-
-def mpi_built() -> bool:
-    """False: kolo does not use MPI."""
-    return False
-
-
-def gloo_enabled() -> bool:
-    """False: kolo's own transports replace Gloo."""
-    return False
-
-
-def gloo_built() -> bool:
-    """False: kolo's own transports replace Gloo."""
-    return False
-
-
-def nccl_built() -> bool:
-    """False (Horovod returns NCCL's version, 0 without it): kolo.torch is not
-    built against NCCL; CUDA tensors go through libkolo (:func:`cuda_built`),
-    which may use NCCL inside a host itself."""
-    return False
-
-
-def ddl_built() -> bool:
-    """False."""
-    return False
-
-
-def ccl_built() -> bool:
-    """False."""
-    return False
-
-
-def cuda_built() -> bool:
-    """Whether kolo takes CUDA tensors: the loaded libkolo has the CUDA data
-    path (:func:`kolo.cuda_supported`). Without a GPU such a library still
-    refuses them when an operation is issued."""
-    return kolo.cuda_supported()
-
-
-def rocm_built() -> bool:
-    """False."""
-    return False
-
-
-# ---- reduction ops ---------------------------------------------------------
-
-# Horovod's values (horovod/common/wire/message.fbs).
-Average = 0
-Sum = 1
-Adasum = 2
-Min = 3
-Max = 4
-Product = 5
-
-_KOLO_OP = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "product"}
-
-
-def _op_from(op: Any, average: Optional[bool]) -> int:
-    """Horovod's rule for the deprecated ``average=`` argument."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of "
-                             "them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in "
-                      "v1.0", DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average
-
-
-def _kolo_op(op: Any) -> str:
-    if isinstance(op, int) and not isinstance(op, bool) and op == Adasum:
-        raise NotImplementedError(
-            "kolo does not implement Adasum (op=Adasum); use op=Average or op=Sum")
-    try:
-        return _KOLO_OP[op]
-    except (KeyError, TypeError):
-        raise ValueError(f"kolo: unknown reduction op {op!r}; use Average, Sum, Min, Max or "
-                         f"Product") from None
-
-
-# ---- handles ---------------------------------------------------------------
-
-
-class _Op:
-    """What one Horovod handle stands for: the kolo handles of its parts and
-    ``finish(results)``, which builds the output once they are all done."""
-
-    __slots__ = ("handles", "finish", "keep")
-
-    def __init__(self, handles: List[kolo.Handle], finish: Callable[[list], Any],
-                 keep: tuple = ()):
-        self.handles = handles
-        self.finish = finish
-        self.keep = keep  # tensors that must live until completion
-
-    def done(self) -> bool:
-        return all(h.poll() for h in self.handles)
-
-    def wait(self) -> Any:
-        return self.finish([h.wait() for h in self.handles])
-
-    def then(self, fn: Callable[[Any], Any]) -> "_Op":
-        finish = self.finish
-        return _Op(self.handles, lambda res: fn(finish(res)), self.keep)
-
-
-_handle_lock = threading.Lock()
-_handle_map: dict = {}
-_last_handle = 0
-
-
-def _register(op: _Op) -> int:
-    global _last_handle
-    with _handle_lock:
-        _last_handle += 1
-        _handle_map[_last_handle] = op
-        return _last_handle
-
-
-def _clear_handles() -> None:
-    with _handle_lock:
-        _handle_map.clear()
-
-
-def poll(handle: int) -> bool:
-    """True once the operation of ``handle`` (from an ``*_async`` call) has
-    completed, after which :func:`synchronize` returns without blocking.
-    Raises ValueError for a handle that is unknown or already synchronized."""
-    with _handle_lock:
-        op = _handle_map.get(handle)
-    if op is None:
-        raise ValueError(f"kolo: handle {handle!r} was not created or has been synchronized")
-    return op.done()
-
-
-def synchronize(handle: Any) -> Any:
-    """Waits for the operation of ``handle`` and returns its output (a
-    tensor; a tuple for grouped ops; ``(output, received_splits)`` for
-    alltoall), releasing the handle. Raises the operation's kolo error.
-    Returns None for an unknown handle, as Horovod does; a callable (from
-    :func:`sparse_allreduce_async`) is called."""
-    with _handle_lock:
-        op = _handle_map.pop(handle, None) if isinstance(handle, int) else None
-    if op is None:
-        return handle() if callable(handle) else None
-    return op.wait()
-
-
 # ---- argument checks -------------------------------------------------------
-
-
-def _label(kind: str, name: Optional[str], index: Optional[int] = None) -> str:
-    s = f"{kind} tensor" if index is None else f"{kind} tensor {index}"
-    return f"{s} {name!r}" if name else s
 
 
 def _check(tensor: Any, what: str, reduce: Optional[str] = None) -> kolo.Buffer:
@@ -411,40 +85,10 @@ def _check_tensors(tensors: Any, kind: str, name: Optional[str],
     return tensors
 
 
-def _name(kind: str, name: Optional[str]) -> str:
-    """The operation's name (call it after every check has passed: an
-    unnamed op takes the next number of its kind)."""
-    return kolo.op_name(kind, name or None).decode()
-
-
-def _root(root_rank: Any) -> int:
-    try:
-        root = operator.index(root_rank)
-    except TypeError:
-        raise TypeError(f"kolo: root_rank must be an int, not {type(root_rank).__name__}") \
-            from None
-    n = kolo.size()
-    if not 0 <= root < n:
-        raise ValueError(f"kolo: root_rank {root} is not a rank of this job (size {n})")
-    return root
-
-
 def _contiguous_like(tensor: torch.Tensor, shape: Optional[Sequence[int]] = None) -> torch.Tensor:
     if shape is None:
         return torch.empty_like(tensor, memory_format=torch.contiguous_format)
     return torch.empty(tuple(shape), dtype=tensor.dtype, device=tensor.device)
-
-
-def _mismatch(what: str, shapes: List[tuple], note: str) -> kolo.MismatchError:
-    st = _lib.STATUS["EMISMATCH"]
-    groups: dict = {}
-    for r, s in enumerate(shapes):
-        groups.setdefault(s, []).append(r)
-    per_rank = "; ".join(
-        f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {list(s)}"
-        for s, rs in groups.items())
-    return kolo.MismatchError(st, kolo.status_name(st),
-                              f"{what}: mismatched shapes: {per_rank} ({note})")
 
 
 # ---- allreduce -------------------------------------------------------------
@@ -833,18 +477,7 @@ def _split_rows(splits: Any, n: int, rows: int) -> List[int]:
         if splits.dtype.is_floating_point or splits.dtype.is_complex or splits.dim() > 1:
             raise TypeError(f"kolo: alltoall splits must be a 1-d integer tensor or a list of "
                             f"ints, not a {splits.dtype} tensor of shape {tuple(splits.shape)}")
-        splits = splits.tolist()
-    try:
-        out = [operator.index(x) for x in splits]
-    except TypeError:
-        raise TypeError(f"kolo: alltoall splits must be integers, not {splits!r}") from None
-    if len(out) != n or any(x < 0 for x in out):
-        raise ValueError(f"kolo: alltoall splits {out} must hold {n} non-negative row counts "
-                         f"(one per rank)")
-    if sum(out) > rows:
-        raise ValueError(f"kolo: alltoall splits {out} add up to {sum(out)} rows; the tensor "
-                         f"has {rows}")
-    return out
+    return split_rows(splits, n, rows, "alltoall")
 
 
 def _alltoall_op(tensor: torch.Tensor, splits: Any, name: Optional[str],
@@ -1102,7 +735,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 __all__ = [
     # lifecycle
     "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
-    "local_rank", "cross_rank", "start_timeline", "stop_timeline",
+    "local_rank", "cross_rank", "is_homogeneous", "start_timeline", "stop_timeline",
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",

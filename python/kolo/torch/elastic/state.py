@@ -1,135 +1,26 @@
 """Elastic training state: what a worker saves at each commit, restores
 after a failure and receives from rank 0 after every re-form.
 
-The state lives in Python (deep copies of ``state_dict()``s and of plain
-objects, in host memory for CPU tensors); kolo's own commit point is used
-only to learn, in one small allreduce, whether a join or a leave is pending.
+State, ObjectState and HostsUpdatedInterrupt are kolo.common.elastic's;
+here are the torch values' handlers and TorchState (deep copies of
+``state_dict()``s, in host memory for CPU tensors).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-import kolo
+from kolo.common.elastic import HostsUpdatedInterrupt, ObjectState, State
 
-from .. import functions, mpi_ops
+from .. import functions
 from .sampler import ElasticSampler
 
 __all__ = ["HostsUpdatedInterrupt", "State", "ObjectState", "TorchState", "StateHandler",
            "ModelStateHandler", "OptimizerStateHandler", "SamplerStateHandler",
            "get_handler_registry", "set_handler_registry"]
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Raised by ``state.commit()``/``check_host_updates()`` on every rank
-    at once when workers wait to join or a worker leaves: ``run`` re-forms
-    the job without restoring (the commit just made is current everywhere).
-
-    ``skip_sync`` is Horovod's; kolo always syncs after a re-form, so that
-    old and new workers meet in the same broadcasts (Horovod #3494)."""
-
-    def __init__(self, skip_sync: bool = False, left: bool = False):
-        self.skip_sync = skip_sync
-        self.left = left
-        super().__init__("this worker left the job" if left else
-                         "the job's membership changes at this commit point")
-
-
-class State:
-    """Training state kept across membership changes. Subclasses define
-    ``save`` (to host memory), ``restore`` (the last save) and ``sync``
-    (from rank 0). Every rank creates the same state objects and calls
-    ``commit()`` at the same points of its training loop."""
-
-    def __init__(self, bcast_object: Callable = None, get_rank: Callable = None):
-        self._bcast_object = bcast_object or functions.broadcast_object
-        self._rank = get_rank or mpi_ops.rank
-        self._reset_callbacks: List[Callable[[], Any]] = []
-        self._commit: Optional[kolo.Commit] = None
-        self._commit_comm: Any = None
-
-    def register_reset_callbacks(self, callbacks: Sequence[Callable[[], Any]]) -> None:
-        """Functions (no arguments) called on every rank after each re-form,
-        before the state is synced: e.g. to scale the learning rate with the
-        new ``size()``."""
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self) -> None:
-        """Called by ``run`` after a re-form: ``reset()``, then the
-        registered callbacks."""
-        self.reset()
-        for callback in self._reset_callbacks:
-            callback()
-
-    def commit(self) -> None:
-        """Saves the state (``save()``), then checks for a pending join or
-        leave (``check_host_updates()``). Every rank calls it at the same
-        points; a failure loses the work since the last commit."""
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self) -> None:
-        """One 8-byte allreduce, called by every rank at the same point:
-        raises HostsUpdatedInterrupt on every rank when workers wait to join
-        or one leaves (SIGTERM, kolo.elastic_leave()); a peer failure seen
-        by this allreduce raises it too (see ``run``). In a job that is not
-        elastic it does nothing (no collective)."""
-        comm = kolo._get()
-        if self._commit is None or self._commit_comm is not comm:
-            # A new comm (after shutdown() and init()): a new commit point.
-            self._commit = kolo.Commit()
-            self._commit_comm = comm
-        if self._commit.check():
-            raise HostsUpdatedInterrupt(False, left=self._commit.left())
-
-    def _left(self) -> bool:
-        return (self._commit is not None and self._commit_comm is kolo._comm and
-                self._commit.left())
-
-    def save(self) -> None:
-        raise NotImplementedError()
-
-    def restore(self) -> None:
-        raise NotImplementedError()
-
-    def sync(self) -> None:
-        raise NotImplementedError()
-
-    def reset(self) -> None:
-        """Called after a re-form, before the sync (no-op here)."""
-
-
-class ObjectState(State):
-    """Plain Python values as attributes (``state.epoch``, ``state.batch``):
-    deep-copied at ``save()`` and again at ``restore()`` (so a value mutated
-    in place after a commit is rolled back too), broadcast from rank 0 with
-    ``broadcast_object`` at ``sync()`` (the last saved values).
-
-    ``ObjectState(**kwargs)`` or, as in Horovod,
-    ``ObjectState(bcast_object, get_rank, **kwargs)``."""
-
-    def __init__(self, bcast_object: Callable = None, get_rank: Callable = None, **kwargs):
-        self._saved_state: Dict[str, Any] = dict(kwargs)
-        self._set_attrs()
-        State.__init__(self, bcast_object, get_rank)
-
-    def save(self) -> None:
-        self._saved_state = {k: copy.deepcopy(getattr(self, k)) for k in self._saved_state}
-
-    def restore(self) -> None:
-        self._set_attrs()
-
-    def sync(self) -> None:
-        if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state)
-            self._set_attrs()
-
-    def _set_attrs(self) -> None:
-        for k, v in self._saved_state.items():
-            setattr(self, k, copy.deepcopy(v))
 
 
 class StateHandler:
