@@ -1,0 +1,45 @@
+"""Variables of any framework that has ``.numpy()`` and ``.assign()``
+(tf.Variable, Keras 3 variables on every backend, tf_keras): read, assign
+and broadcast them as numpy arrays, all submitted together."""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence
+
+import numpy as np
+
+from . import arrays
+from .handles import wait_all
+
+
+def value(v: Any) -> np.ndarray:
+    fn = getattr(v, "numpy", None)
+    return np.array(fn() if fn is not None else v)
+
+
+def values(variables: Sequence[Any]) -> List[np.ndarray]:
+    return [value(v) for v in variables]
+
+
+def assign(variables: Sequence[Any], vals: Sequence[np.ndarray]) -> None:
+    for v, x in zip(variables, vals):
+        v.assign(x)
+
+
+def broadcast(variables: Sequence[Any], root: int, name: str) -> None:
+    """Assigns rank ``root``'s values to ``variables`` on every rank (eager)."""
+    variables = list(variables)
+    if not variables:
+        return
+    vals = wait_all([arrays.broadcast(arrays.contiguous(value(v)), root, f"{name}.{i}")
+                     for i, v in enumerate(variables)])
+    assign(variables, vals)
+
+
+def optimizer_variables(optimizer: Any) -> List[Any]:
+    """An optimizer's variables: a property in Keras 3, a method in older
+    Keras optimizers."""
+    if optimizer is None:
+        return []
+    vs = getattr(optimizer, "variables", [])
+    return list(vs() if callable(vs) else vs)

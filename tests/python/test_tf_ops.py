@@ -1,0 +1,81 @@
+"""kolo.tensorflow's collectives (Horovod's horovod.tensorflow API), eager
+and inside tf.function, on 2 and 4 ranks.
+
+tests/python/workers/tf_ops.py regenerates every rank's input from a seed,
+computes each expected result in float64 numpy and reports a pass/fail line
+per case; here every case must have run on every rank and passed. The API
+test checks Horovod 0.28's names without starting a job.
+"""
+
+import importlib.util
+import sys
+
+import pytest
+
+from conftest import REPO, results, run_worker
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                                reason=f"{sys.executable} has no tensorflow "
+                                "(scripts/setup.sh installs tensorflow-cpu into .venv)")
+
+if str(REPO / "python") not in sys.path:
+    sys.path.insert(0, str(REPO / "python"))
+
+MUST = ["allreduce/bfloat16/product/graph", "allreduce/int8/average/eager",
+        "allreduce/bool/max/graph", "allreduce_scaled/float64/graph", "allreduce/variable",
+        "grouped_allreduce/graph", "allreduce/indexed_slices/graph", "compression/fp16",
+        "compression/bf16", "allgather/bool/graph", "allgather/float16/eager",
+        "grouped_allgather/graph", "broadcast/int64/graph", "broadcast_variables/graph",
+        "alltoall/splits/graph", "alltoall/equal/eager", "reducescatter/sum/rows+1/graph",
+        "reducescatter/average/rows+0/eager", "grouped_reducescatter",
+        "grad/allreduce_sum/graph", "grad/allgather/eager", "grad/broadcast/graph",
+        "grad/reducescatter/graph", "grad/alltoall/eager", "tape/eager", "tape/graph",
+        "tape/predivide/graph", "tape/local_source", "graph/retrace",
+        "errors/allgather_shape_mismatch", "errors/dtype", "errors/xla", "objects",
+        "graph/topology_ops", "barrier_join", "sync_batch_norm/eager",
+        "sync_batch_norm/graph"]
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_collectives(np_):
+    """Every collective, dtype and mode against float64 references, the
+    gradients, the tape against the concatenated batch, names, errors."""
+    p = run_worker(np_, "tf_ops.py", "20261206", timeout=400,
+                   env={"KOLO_STALL_SHUTDOWN_SECONDS": "30", "TF_CPP_MIN_LOG_LEVEL": "3"})
+    res = results(p)
+    assert sorted(res) == list(range(np_)), f"ranks that reported: {sorted(res)}"
+    names = None
+    for rank, items in sorted(res.items()):
+        cases = [x for x in items if "case" in x]
+        summary = [x for x in items if "cases" in x]
+        assert summary and summary[-1]["cases"] == len(cases), f"rank {rank} did not finish"
+        failed = [f"{c['case']}: {c['detail']}" for c in cases if not c["ok"]]
+        assert not failed, f"rank {rank} of {np_}: {len(failed)} failed:\n" + "\n".join(failed)
+        got = [c["case"] for c in cases]
+        if names is None:
+            names = got
+        assert got == names, f"rank {rank} ran other cases than rank 0"
+    missing = [m for m in MUST if m not in names]
+    assert not missing and len(names) >= 160, f"cases not run: {missing}"
+
+
+HOROVOD_TF = ["init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
+              "local_rank", "cross_rank", "is_homogeneous", "rank_op", "local_rank_op",
+              "size_op", "local_size_op", "process_set_included_op", "start_timeline",
+              "stop_timeline", "mpi_threads_supported", "mpi_enabled", "mpi_built",
+              "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
+              "cuda_built", "rocm_built", "ProcessSet", "global_process_set",
+              "add_process_set", "remove_process_set", "Average", "Sum", "Adasum", "Min", "Max",
+              "Product", "allreduce", "grouped_allreduce", "allgather", "grouped_allgather",
+              "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter",
+              "join", "barrier", "broadcast_variables", "broadcast_object",
+              "broadcast_object_fn", "allgather_object", "DistributedGradientTape",
+              "PartialDistributedGradientTape", "Compression", "SyncBatchNormalization",
+              "elastic"]
+
+
+def test_horovod_names():
+    import kolo.tensorflow as hvd
+
+    missing = [n for n in HOROVOD_TF if not hasattr(hvd, n)]
+    assert not missing, f"kolo.tensorflow lacks Horovod's {missing}"
