@@ -288,3 +288,47 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             state.on_reset()
 
     return wrapper
+
+
+class VariablesState(ObjectState):
+    """A list of variables of any framework with ``.numpy()`` and
+    ``.assign()`` (kolo.common.variables) plus plain values: numpy copies at
+    ``save()``, assigned back at ``restore()``, rank 0's broadcast at
+    ``sync()``. Subclasses say which variables (``_variables()``)."""
+
+    def _variables(self) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def __init__(self, **kwargs: Any):
+        from . import variables as V
+        self._V = V
+        super().__init__(**kwargs)
+        self._saved_vars = V.values(self._variables())
+
+    def save(self) -> None:
+        self._saved_vars = self._V.values(self._variables())
+        super().save()
+
+    def restore(self) -> None:
+        self._V.assign(self._variables(), self._saved_vars)
+        super().restore()
+
+    def sync(self) -> None:
+        self._V.broadcast(self._variables(), 0, "elastic.state")
+        super().sync()
+
+
+class ModelState(VariablesState):
+    """A Keras model's variables and its optimizer's (the model's own when
+    none is given), and plain values: Horovod's ``TensorFlowKerasState`` and
+    ``KerasState``, on Keras 3 (every backend) and tf_keras."""
+
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any):
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "optimizer", optimizer)
+        super().__init__(**kwargs)
+
+    def _variables(self) -> Sequence[Any]:
+        opt = self.optimizer if self.optimizer is not None else \
+            getattr(self.model, "optimizer", None)
+        return list(self.model.variables) + self._V.optimizer_variables(opt)

@@ -1,0 +1,111 @@
+"""Each Keras backend's gradients averaged over every rank, as one
+submission per step:
+
+- tensorflow (Keras 3 and tf_keras): kolo.tensorflow.gradients, one
+  ``tf.numpy_function`` inside the train function;
+- torch: kolo.torch's asynchronous allreduces, all enqueued, then awaited;
+- jax: one ``jax.experimental.io_callback(..., ordered=True)``, which runs
+  inside ``jax.jit`` (the train step) and in eager mode alike: ordered, so
+  it is neither dropped nor repeated, and every rank reduces in step order.
+
+Names are ``<prefix>.<i>.<variable path>``: equal on every rank, stable
+across retracing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List
+
+import numpy as np
+
+from kolo.common import arrays
+from kolo.common.basics import kolo_op
+from kolo.common.handles import wait_all
+
+
+def _names(prefix: str, variables: List[Any]) -> List[str]:
+    out = []
+    for i, v in enumerate(variables):
+        path = getattr(v, "path", None) or getattr(v, "name", None) or ""
+        out.append(f"{prefix}.{i}.{path}" if path else f"{prefix}.{i}")
+    return out
+
+
+def _scales(op: int, predivide: float, post: float, size: int) -> tuple:
+    from kolo.common.basics import Average, Sum
+    if predivide != 1.0 and op == Average:
+        return Sum, 1.0 / predivide, post * predivide / size
+    return op, 1.0, post
+
+
+def reducer(backend: str, prefix: str, op: int, compression: Any, sparse_as_dense: bool,
+            predivide: float, post: float) -> Callable[[list, list], list]:
+    """``reduce(grads, variables) -> grads`` for ``backend``; None stays
+    None."""
+    def reduce(grads: list, variables: list) -> list:
+        import kolo
+        rop, pre, post_ = _scales(op, predivide, post, kolo.size())
+        keep = [i for i, g in enumerate(grads) if g is not None]
+        if not keep:
+            return grads
+        names = _names(prefix, variables)
+        gs = [grads[i] for i in keep]
+        ns = [names[i] for i in keep]
+        vs = [variables[i] for i in keep]
+        if backend == "tensorflow":
+            from kolo.tensorflow import gradients as G
+            out = G.reduce_gradients(gs, vs, prefix, op=rop, compression=compression,
+                                     sparse_as_dense=sparse_as_dense,
+                                     gradient_predivide_factor=1.0) if pre == 1.0 and \
+                post_ == 1.0 else _tf_scaled(gs, ns, rop, pre, post_, compression,
+                                             sparse_as_dense)
+        elif backend == "torch":
+            out = _torch(gs, ns, rop, pre, post_, compression)
+        elif backend == "jax":
+            out = _jax(gs, ns, rop, pre, post_, compression)
+        else:
+            raise NotImplementedError(f"kolo: the Keras backend {backend!r} is not supported "
+                                      f"(tensorflow, torch, jax)")
+        res = list(grads)
+        for i, g in zip(keep, out):
+            res[i] = g
+        return res
+    return reduce
+
+
+def _tf_scaled(gs, ns, op, pre, post, compression, sparse_as_dense):
+    import tensorflow as tf
+
+    from kolo.tensorflow import mpi_ops
+    dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) and sparse_as_dense
+             else g for g in gs]
+    if any(isinstance(g, tf.IndexedSlices) for g in dense):
+        raise NotImplementedError("kolo: sparse gradients with gradient_predivide_factor or "
+                                  "backward_passes_per_step: pass sparse_as_dense=True")
+    pairs = [compression.compress(tf.convert_to_tensor(g)) for g in dense]
+    out = mpi_ops.allreduce_list([p[0] for p in pairs], ns, op, pre, post)
+    return [compression.decompress(o, p[1]) for o, p in zip(out, pairs)]
+
+
+def _torch(gs, ns, op, pre, post, compression):
+    import kolo.torch as kt
+    pairs = [compression.compress(g.contiguous()) for g in gs]
+    hs = [kt.allreduce_async(c, name=n, op=op, prescale_factor=pre, postscale_factor=post)
+          for (c, _), n in zip(pairs, ns)]
+    return [compression.decompress(kt.synchronize(h), ctx) for h, (_, ctx) in zip(hs, pairs)]
+
+
+def _jax(gs, ns, op, pre, post, compression):
+    import jax
+    from jax.experimental import io_callback
+    kop = kolo_op(op)
+    pairs = [compression.compress(g) for g in gs]
+    sent = [p[0] for p in pairs]
+
+    def host(*xs):
+        return wait_all([arrays.allreduce(np.array(x), n, kop, pre, post)
+                         for x, n in zip(xs, ns)])
+
+    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in sent]
+    out = io_callback(host, shapes, *sent, ordered=True)
+    return [compression.decompress(o, p[1]) for o, p in zip(out, pairs)]

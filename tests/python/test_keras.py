@@ -1,0 +1,41 @@
+"""kolo.keras on Keras 3: ``fit`` with DistributedOptimizer on N ranks equals
+single-process training on the concatenated batch, on the tensorflow,
+torch and jax backends (tests/python/workers/keras_fit.py); with gradient
+clipping (averaged before clipping), a LossScaleOptimizer inside, and two
+backward passes per step. BroadcastGlobalVariablesCallback makes every rank
+start from rank 0's weights and MetricAverageCallback gives every rank the
+same epoch losses."""
+
+import importlib.util
+import sys
+
+import pytest
+
+from conftest import results, run_worker
+
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("keras", "tensorflow")),
+    reason=f"{sys.executable} lacks keras or tensorflow (scripts/setup.sh installs them)")
+
+CASES = [("tensorflow", c, 2) for c in ("plain", "clipnorm", "lossscale", "bpps2")] + \
+    [("torch", c, 2) for c in ("plain", "clipnorm", "lossscale")] + \
+    [("jax", c, 2) for c in ("plain", "clipnorm", "bpps2")] + \
+    [(b, "plain", 4) for b in ("tensorflow", "torch", "jax")]
+
+
+@pytest.mark.parametrize("backend,case,np_", CASES)
+def test_fit_equals_the_concatenated_batch(backend, case, np_):
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"no {backend}")
+    p = run_worker(np_, "keras_fit.py", case, timeout=300,
+                   env={"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3",
+                        "KOLO_STALL_SHUTDOWN_SECONDS": "30"})
+    res = results(p)
+    assert sorted(res) == list(range(np_))
+    rep = [res[r][-1] for r in range(np_)]
+    for r, x in enumerate(rep):
+        assert x["backend"] == backend
+        assert x["diff"] <= 1e-5 * max(1.0, x["scale"]), \
+            f"rank {r}: weights differ from single-process training by {x['diff']:.3g}"
+        assert x["checksum"] == rep[0]["checksum"], f"rank {r} has other weights than rank 0"
+        assert x["losses"] == rep[0]["losses"], f"rank {r}: epoch losses were not averaged"

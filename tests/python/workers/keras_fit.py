@@ -1,0 +1,86 @@
+"""Keras 3 ``fit`` with kolo.keras's DistributedOptimizer on N ranks against
+single-process training on the concatenated batch, on the backend that
+KERAS_BACKEND names.
+
+Usage: keras_fit.py CASE, CASE one of plain, clipnorm, lossscale, bpps2.
+Every rank starts from different weights (BroadcastGlobalVariablesCallback
+must make them rank 0's), trains 2 epochs of 3 steps on its shard, and
+trains a reference model in the same process, from rank 0's weights, on the
+global batches (each the concatenation of every rank's local batch). Reports
+the largest weight difference to the reference, the per-rank epoch losses
+(averaged by MetricAverageCallback) and a checksum of the weights.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import keras  # noqa: E402
+
+import kolo.keras as hvd  # noqa: E402
+from _common import report  # noqa: E402
+
+CASE = sys.argv[1] if len(sys.argv) > 1 else "plain"
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+B, STEPS, EPOCHS = 4, 3, 2
+if keras.backend.backend() == "torch":
+    import torch
+    torch.set_num_threads(1)
+
+
+def model_from(seed_offset):
+    keras.utils.set_random_seed(1234 + seed_offset)
+    m = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
+                          keras.layers.Dense(3)])
+    return m
+
+
+def optimizer():
+    kw = {"learning_rate": 0.1}
+    if CASE == "clipnorm":
+        kw["clipnorm"] = 0.05
+    opt = keras.optimizers.SGD(momentum=0.9, **kw)
+    if CASE == "lossscale":
+        opt = keras.optimizers.LossScaleOptimizer(opt, initial_scale=2.0 ** 10)
+    return opt
+
+
+g = np.random.default_rng(7)
+X = g.normal(size=(N, EPOCHS, STEPS, B, 5)).astype("float32")   # [rank, epoch, step, row]
+Y = g.normal(size=(N, EPOCHS, STEPS, B, 3)).astype("float32")
+
+# distributed
+model = model_from(R)  # different weights on every rank
+bpps = 2 if CASE == "bpps2" else 1
+opt = hvd.DistributedOptimizer(optimizer(), backward_passes_per_step=bpps,
+                               average_aggregated_gradients=True)
+model.compile(optimizer=opt, loss="mse", run_eagerly=os.environ.get("KOLO_KERAS_EAGER") == "1")
+losses = []
+cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+for e in range(EPOCHS):
+    h = model.fit(X[R, e].reshape(-1, 5), Y[R, e].reshape(-1, 3), batch_size=B, epochs=1,
+                  shuffle=False, verbose=0, callbacks=cbs)
+    losses.append(float(h.history["loss"][-1]))
+
+# reference: one process, rank 0's initial weights, the global batches
+ref = model_from(0)
+ref_opt = optimizer()
+if bpps > 1:
+    ref_opt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9,
+                                   gradient_accumulation_steps=bpps)
+ref.compile(optimizer=ref_opt, loss="mse")
+for e in range(EPOCHS):
+    xs = np.concatenate([X[:, e, s].reshape(-1, 5) for s in range(STEPS)])
+    ys = np.concatenate([Y[:, e, s].reshape(-1, 3) for s in range(STEPS)])
+    ref.fit(xs, ys, batch_size=B * N, epochs=1, shuffle=False, verbose=0)
+
+diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+           for a, b in zip(model.get_weights(), ref.get_weights()))
+scale = max(float(np.max(np.abs(np.asarray(b)))) for b in ref.get_weights())
+report({"backend": keras.backend.backend(), "case": CASE, "diff": diff, "scale": scale,
+        "losses": losses, "checksum": float(sum(np.sum(np.asarray(w, np.float64))
+                                                for w in model.get_weights()))})
+hvd.shutdown()
