@@ -4,7 +4,9 @@ torch and jax backends (tests/python/workers/keras_fit.py); with gradient
 clipping (averaged before clipping), a LossScaleOptimizer inside, and two
 backward passes per step. BroadcastGlobalVariablesCallback makes every rank
 start from rank 0's weights and MetricAverageCallback gives every rank the
-same epoch losses."""
+same epoch losses. The tf_keras cases run kolo.tensorflow.keras on the
+legacy tf.keras (TF_USE_LEGACY_KERAS=1), the flavour Horovod's TF2 Keras
+examples are written for."""
 
 import importlib.util
 import sys
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.skipif(
 CASES = [("tensorflow", c, 2) for c in ("plain", "clipnorm", "lossscale", "bpps2")] + \
     [("torch", c, 2) for c in ("plain", "clipnorm", "lossscale")] + \
     [("jax", c, 2) for c in ("plain", "clipnorm", "bpps2")] + \
+    [("tf_keras", c, 2) for c in ("plain", "clipnorm")] + \
     [(b, "plain", 4) for b in ("tensorflow", "torch", "jax")]
 
 
@@ -27,9 +30,12 @@ CASES = [("tensorflow", c, 2) for c in ("plain", "clipnorm", "lossscale", "bpps2
 def test_fit_equals_the_concatenated_batch(backend, case, np_):
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"no {backend}")
-    p = run_worker(np_, "keras_fit.py", case, timeout=300,
-                   env={"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3",
-                        "KOLO_STALL_SHUTDOWN_SECONDS": "30"})
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "KOLO_STALL_SHUTDOWN_SECONDS": "30"}
+    if backend == "tf_keras":  # kolo.tensorflow.keras on tf.keras = tf_keras 2.x
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    else:
+        env["KERAS_BACKEND"] = backend
+    p = run_worker(np_, "keras_fit.py", case, timeout=300, env=env)
     res = results(p)
     assert sorted(res) == list(range(np_))
     rep = [res[r][-1] for r in range(np_)]

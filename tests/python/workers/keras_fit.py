@@ -17,16 +17,24 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
-import keras  # noqa: E402
 
-import kolo.keras as hvd  # noqa: E402
+if os.environ.get("TF_USE_LEGACY_KERAS") == "1":
+    # tf.keras is tf_keras 2.x: kolo.tensorflow.keras, Horovod's TF2 Keras flavour
+    import tensorflow as tf  # noqa: E402
+    keras = tf.keras
+    import kolo.tensorflow.keras as hvd  # noqa: E402
+    BACKEND = "tf_keras"
+else:
+    import keras  # noqa: E402
+    import kolo.keras as hvd  # noqa: E402
+    BACKEND = keras.backend.backend()
 from _common import report  # noqa: E402
 
 CASE = sys.argv[1] if len(sys.argv) > 1 else "plain"
 hvd.init()
 R, N = hvd.rank(), hvd.size()
 B, STEPS, EPOCHS = 4, 3, 2
-if keras.backend.backend() == "torch":
+if BACKEND == "torch":
     import torch
     torch.set_num_threads(1)
 
@@ -35,6 +43,7 @@ def model_from(seed_offset):
     keras.utils.set_random_seed(1234 + seed_offset)
     m = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
                           keras.layers.Dense(3)])
+    m.build((None, 5))
     return m
 
 
@@ -44,7 +53,10 @@ def optimizer():
         kw["clipnorm"] = 0.05
     opt = keras.optimizers.SGD(momentum=0.9, **kw)
     if CASE == "lossscale":
-        opt = keras.optimizers.LossScaleOptimizer(opt, initial_scale=2.0 ** 10)
+        lso = keras.optimizers.LossScaleOptimizer if hasattr(keras.optimizers,
+                                                             "LossScaleOptimizer") else \
+            keras.mixed_precision.LossScaleOptimizer
+        opt = lso(opt, initial_scale=2.0 ** 10)
     return opt
 
 
@@ -80,7 +92,7 @@ for e in range(EPOCHS):
 diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
            for a, b in zip(model.get_weights(), ref.get_weights()))
 scale = max(float(np.max(np.abs(np.asarray(b)))) for b in ref.get_weights())
-report({"backend": keras.backend.backend(), "case": CASE, "diff": diff, "scale": scale,
+report({"backend": BACKEND, "case": CASE, "diff": diff, "scale": scale,
         "losses": losses, "checksum": float(sum(np.sum(np.asarray(w, np.float64))
                                                 for w in model.get_weights()))})
 hvd.shutdown()
