@@ -25,6 +25,7 @@ from kolo._keras import broadcast_model as _broadcast_model
 from kolo._keras import api as _api
 from kolo._keras.compression import Compression  # noqa: F401
 from kolo.common import elastic as _common_elastic
+from kolo.common.objects import allgather_object, broadcast_object  # noqa: F401
 
 globals().update(_api.TOPOLOGY)
 
