@@ -26,7 +26,6 @@ replicas differ; 3 on a kolo error; 64 on a usage error.
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import importlib.util
 import math
@@ -40,29 +39,17 @@ if importlib.util.find_spec("kolo") is None:
     if (_src / "kolo" / "__init__.py").exists():
         sys.path.insert(0, str(_src))
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # examples/
+import digits_data  # noqa: E402
 import kolo  # noqa: E402 (found now, from the checkout if need be)
 import kolo.torch as hvd  # noqa: E402
 
-def _digits_file() -> pathlib.Path:
-    """scikit-learn's digits file: this interpreter's scikit-learn (located,
-    not imported), else Debian's python3-sklearn."""
-    rel = pathlib.Path("datasets", "data", "digits.csv.gz")
-    spec = importlib.util.find_spec("sklearn")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        if (pathlib.Path(root) / rel).exists():
-            return pathlib.Path(root) / rel
-    return pathlib.Path("/usr/lib/python3/dist-packages/sklearn") / rel
-
-
-DIGITS = _digits_file()
-SPLIT_SEED = 20240601  # the fixed train/test split
-TEST_FRACTION = 0.2
+DIGITS = digits_data.digits_file()
 
 
 class Parser(argparse.ArgumentParser):
@@ -111,42 +98,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ---- data ------------------------------------------------------------------
 
 
-def load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """The UCI digits (1797 x 64 pixels in 0..16, labels 0..9), scaled to
-    0..1."""
-    with gzip.open(DIGITS, "rt") as f:
-        data = np.loadtxt(f, delimiter=",", dtype=np.float32)
-    return data[:, :-1] / 16.0, data[:, -1].astype(np.int64)
-
-
-def synthetic(n: int = 1797, dim: int = 64, classes: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """10 classes, each a mixture of 2 Gaussian blobs around random centres
-    in 64 dimensions (noise larger than the centres' spread on every axis,
-    so no single feature separates them), from a fixed seed."""
-    g = np.random.default_rng(7)
-    centres = g.normal(0.0, 1.0, (classes, 2, dim))
-    y = g.integers(0, classes, n)
-    blob = g.integers(0, 2, n)
-    x = centres[y, blob] + g.normal(0.0, 1.2, (n, dim))
-    return x.astype(np.float32), y.astype(np.int64)
-
-
 def dataset(kind: str):
-    """(train TensorDataset, test TensorDataset, description)."""
-    if kind == "digits" or (kind == "auto" and DIGITS.exists()):
-        if not DIGITS.exists():
-            raise SystemExit(f"train_digits: {DIGITS} is absent (scripts/setup.sh "
-                             f"--with-digits, or --data synthetic)")
-        x, y = load_digits()
-        what = f"UCI digits ({DIGITS})"
-    else:
-        x, y = synthetic()
-        what = "synthetic data (10 classes of 2 Gaussian blobs each in 64 dimensions)"
-    perm = np.random.default_rng(SPLIT_SEED).permutation(len(x))
-    n_test = int(round(len(x) * TEST_FRACTION))
-    te, tr = perm[:n_test], perm[n_test:]
-    mk = lambda idx: TensorDataset(torch.from_numpy(x[idx]), torch.from_numpy(y[idx]))  # noqa
-    return mk(tr), mk(te), what
+    """(train TensorDataset, test TensorDataset, description): the digits or
+    the synthetic stand-in, split as examples/digits_data.py does."""
+    xtr, ytr, xte, yte, what = digits_data.load(kind)
+    mk = lambda x, y: TensorDataset(torch.from_numpy(x), torch.from_numpy(y))  # noqa
+    return mk(xtr, ytr), mk(xte, yte), what
 
 
 # ---- model -----------------------------------------------------------------

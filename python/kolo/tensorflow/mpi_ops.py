@@ -156,16 +156,17 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
 def allreduce_list(tensors: Sequence[tf.Tensor], names: Sequence[str], op: int,
                    prescale_factor: float = 1.0,
                    postscale_factor: float = 1.0) -> List[tf.Tensor]:
-    """A training step's dense gradients in one call: each is submitted under
-    its own stable name (kolo's engine fuses them), then all are waited for.
-    Not differentiable."""
+    """A training step's dense gradients in one call and one grouped
+    submission per dtype (kolo.common.arrays.grouped_allreduce: one C call,
+    negotiated and fused together), named ``<first name>#group``... from
+    ``names`` so that they are equal on every rank. Not differentiable."""
     kop = kolo_op(op)
     for t, nm in zip(tensors, names):
         B.check(t, label("allreduce", nm), kop)
+    base = f"{names[0]}#group{len(names)}" if names else "allreduce_list"
 
     def fn(*xs):
-        return wait_all([arrays.allreduce(a, nm, kop, prescale_factor, postscale_factor)
-                         for a, nm in zip(xs, names)])
+        return arrays.grouped_allreduce(xs, base, kop, prescale_factor, postscale_factor).wait()
 
     ys = B.call("allreduce", fn, list(tensors), [t.dtype for t in tensors])
     for y, t in zip(ys, tensors):
