@@ -57,7 +57,7 @@ def main() -> int:
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(a.lr * n, momentum=0.9))
     model.compile(optimizer=opt, metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    steps = len(xs) // a.batch_size
+    steps = len(xtr) // n // a.batch_size  # equal steps on every rank
     model.fit(xs[:steps * a.batch_size], ys[:steps * a.batch_size], batch_size=a.batch_size,
               epochs=a.epochs, shuffle=True, verbose=2 if r == 0 else 0, callbacks=[
                   hvd.callbacks.BroadcastGlobalVariablesCallback(0),

@@ -39,10 +39,13 @@ class Run:
     """A kolorun of the example in the background; its stdout lines are
     queued as they come, so the test can wait for one."""
 
-    def __init__(self, np_: int, launcher_args: list, args: list):
-        self.cmd = [KOLORUN, "-np", str(np_), *launcher_args, "--", PYTHON, EXAMPLE, *args]
+    def __init__(self, np_: int, launcher_args: list, args: list, example: str = EXAMPLE,
+                 name: str = NAME, env: dict = None):
+        self.cmd = [KOLORUN, "-np", str(np_), *launcher_args, "--", PYTHON, example, *args]
+        self.name = name
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=worker_env(ELASTIC_ENV), cwd=str(REPO))
+                                     text=True, env=worker_env({**ELASTIC_ENV, **(env or {})}),
+                                     cwd=str(REPO))
         self.lines: queue.Queue = queue.Queue()
         self.out: list = []
         self.err: list = []
@@ -64,7 +67,7 @@ class Run:
         matches ``pattern`` (searched after the program's name) and
         ``pred``; fails the test after ``timeout`` s or when kolorun ends
         first."""
-        rx = re.compile(f"{NAME}: {pattern}")
+        rx = re.compile(f"{self.name}: {pattern}")
         end = time.monotonic() + timeout
         while True:
             left = end - time.monotonic()

@@ -18,7 +18,9 @@ from typing import Any, Callable, List
 
 import numpy as np
 
+import kolo
 from kolo.common import arrays
+from kolo.common.elastic import note_callback_error
 from kolo.common.basics import kolo_op
 from kolo.common.handles import wait_all
 
@@ -103,8 +105,12 @@ def _jax(gs, ns, op, pre, post, compression):
     sent = [p[0] for p in pairs]
 
     def host(*xs):
-        return wait_all([arrays.allreduce(np.array(x), n, kop, pre, post)
-                         for x, n in zip(xs, ns)])
+        try:
+            return wait_all([arrays.allreduce(np.array(x), n, kop, pre, post)
+                             for x, n in zip(xs, ns)])
+        except kolo.Error as e:  # jax raises it as its own runtime error
+            note_callback_error(e)
+            raise
 
     shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in sent]
     out = io_callback(host, shapes, *sent, ordered=True)

@@ -41,6 +41,27 @@ log = logging.getLogger("kolo.elastic")
 _reform_hooks: List[Callable[[], Any]] = []
 
 
+_callback_error: List[Optional[kolo.Error]] = [None]
+
+
+def note_callback_error(e: kolo.Error) -> None:
+    """A binding calls this when a kolo error leaves a framework callback
+    (TensorFlow's numpy_function, jax's io_callback): the framework raises
+    its own error type around it, which :func:`unwrap` maps back."""
+    _callback_error[0] = e
+
+
+def unwrap(e: BaseException) -> Optional[kolo.Error]:
+    """The kolo error behind ``e``: ``e`` itself, or the one a framework
+    wrapped (noted by :func:`note_callback_error`, its text inside ``e``'s)."""
+    if isinstance(e, kolo.Error):
+        return e
+    k = _callback_error[0]
+    if k is not None and str(k) in str(e):
+        return k
+    return None
+
+
 def register_reform_hook(hook: Callable[[], Any]) -> None:
     """``hook()`` runs on every rank after each re-form, before the state's
     reset and sync (a binding drops what it kept of the old round)."""
@@ -258,16 +279,18 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 result = func(state, *args, **kwargs)
                 kolo.elastic_done()
                 return result
-            except kolo.Error as e:
-                if not kolo.elastic_enabled() or not _membership_failure(e):
-                    raise
-                if state._left():
-                    _leave("this worker left the job")
-                state.restore()
-                why = e
             except HostsUpdatedInterrupt as e:
                 if e.left or state._left():
                     _leave("this worker left the job at a commit point (SIGTERM)")
+                why = e
+            except Exception as raised:
+                e = unwrap(raised)  # a kolo error, perhaps inside a framework's
+                if e is None or not kolo.elastic_enabled() or not _membership_failure(e):
+                    raise
+                _callback_error[0] = None
+                if state._left():
+                    _leave("this worker left the job")
+                state.restore()
                 why = e
             if limit and resets >= limit:
                 raise _limit_error(limit, why) from why
@@ -329,6 +352,11 @@ class ModelState(VariablesState):
         super().__init__(**kwargs)
 
     def _variables(self) -> Sequence[Any]:
+        # Keras 3 on jax keeps the state outside the variables during fit:
+        # attach it first (the trainer then reads it back before its next step).
+        attach = getattr(self.model, "jax_state_sync", None)
+        if callable(attach):
+            attach()
         opt = self.optimizer if self.optimizer is not None else \
             getattr(self.model, "optimizer", None)
         return list(self.model.variables) + self._V.optimizer_variables(opt)

@@ -13,8 +13,12 @@ from .handles import wait_all
 
 
 def value(v: Any) -> np.ndarray:
+    """A copy of ``v``'s value (``v.numpy()`` where callable; else through
+    ``__array__``, as Keras 3's jax variables)."""
     fn = getattr(v, "numpy", None)
-    return np.array(fn() if fn is not None else v)
+    if callable(fn):
+        return np.array(fn())
+    return np.array(getattr(v, "value", v))
 
 
 def values(variables: Sequence[Any]) -> List[np.ndarray]:

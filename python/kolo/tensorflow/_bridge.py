@@ -24,7 +24,9 @@ from typing import Any, Callable, List, Sequence
 import numpy as np
 import tensorflow as tf
 
+import kolo
 from kolo.common import arrays, util
+from kolo.common.elastic import note_callback_error
 
 try:
     from tensorflow.python.ops import control_flow_util as _cfu
@@ -129,7 +131,11 @@ def call(kind: str, fn: Callable[..., List[np.ndarray]], inputs: Sequence[Any],
             f"the compiled function")
 
     def run(*xs):
-        return fn(*[host(x) for x in xs])
+        try:
+            return fn(*[host(x) for x in xs])
+        except kolo.Error as e:  # TensorFlow raises it as an OpError
+            note_callback_error(e)
+            raise
 
     outs = tf.numpy_function(run, list(inputs), list(touts), stateful=True,
                              name=f"kolo_{kind}")
