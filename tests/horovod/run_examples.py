@@ -44,6 +44,12 @@ batches) and a timeout:
                      rounds are read from the server's log); training goes on
                      after the join, the job finishes at size 4, the joiner's
                      kolorun exits 0
+  tf2_synthetic      examples/tensorflow2/tensorflow2_synthetic_benchmark.py
+  tf2_keras_synthetic examples/tensorflow2/tensorflow2_keras_synthetic_benchmark.py
+                     under kolorun -np 4 on the legacy tf.keras
+                     (TF_USE_LEGACY_KERAS=1, tf_keras), with
+                     "import horovod.tensorflow[.keras] as hvd" changed to
+                     kolo.tensorflow[.keras]: the benchmark lines
 
 One summary line per example ("run_examples: SUMMARY <name>: PASS ...") and
 a closing count; the exit status is 0 only when every selected example
@@ -86,6 +92,10 @@ NP = 4
 # left as it is.
 IMPORT_RULES = [
     (re.compile(r"^(\s*)import horovod\.torch as hvd(\s*(?:#.*)?)$"), r"\1import kolo.torch as hvd\2"),
+    (re.compile(r"^(\s*)import horovod\.tensorflow\.keras as hvd(\s*(?:#.*)?)$"),
+     r"\1import kolo.tensorflow.keras as hvd\2"),
+    (re.compile(r"^(\s*)import horovod\.tensorflow as hvd(\s*(?:#.*)?)$"),
+     r"\1import kolo.tensorflow as hvd\2"),
     (re.compile(r"^(\s*)import horovod(\s*(?:#.*)?)$"), r"\1import kolo as horovod\2"),
 ]
 HOROVOD_IMPORT = re.compile(r"^\s*(?:import\s+horovod\b|from\s+horovod\b)")
@@ -174,8 +184,9 @@ def change_imports(text: str, name: str) -> tuple:
                 body = rx.sub(rep, body)
                 break
         new.append(body + line[len(line.rstrip("\r\n")):])
-    if not any(IMPORT_RULES[0][0].match(line.rstrip("\r\n")) for line in old):
-        raise ExampleError(f"{name}: no line 'import horovod.torch as hvd' to change")
+    if not any(rx.match(line.rstrip("\r\n")) for line in old for rx, _ in IMPORT_RULES[:3]):
+        raise ExampleError(f"{name}: no line 'import horovod.torch as hvd' (or "
+                           f"horovod.tensorflow, horovod.tensorflow.keras) to change")
     diff = list(difflib.unified_diff(old, new, f"a/{name}", f"b/{name}", n=0))
     removed = [d[1:].rstrip("\r\n") for d in diff if d.startswith("-") and not d.startswith("---")]
     added = [d[1:].rstrip("\r\n") for d in diff if d.startswith("+") and not d.startswith("+++")]
@@ -392,6 +403,8 @@ class Example:
     elastic = False
     timeout = 600
     args: list = []
+    framework = "torch"
+    extra_env: dict = {}
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -417,6 +430,7 @@ class Example:
     def env(self) -> dict:
         env = dict(self.ctx.env)
         env["HOME"] = self.home
+        env.update(self.extra_env)
         return env
 
     def example_args(self) -> list:
@@ -726,7 +740,30 @@ class MnistElastic(ElasticExample):
         return f"test accuracy {acc}%, loss {tests[0][0]}"
 
 
-EXAMPLES = [Synthetic, Mnist, MnistNumProc, Imagenet, SyntheticElastic, MnistElastic]
+class TfSynthetic(Synthetic):
+    """examples/tensorflow2/tensorflow2_synthetic_benchmark.py (a
+    GradientTape loop with DistributedGradientTape, ResNet50) on the legacy
+    tf.keras, as its users run it on TF 2.21."""
+    name = "tf2_synthetic"
+    filename = "tensorflow2_synthetic_benchmark.py"
+    framework = "tensorflow"
+    extra_env = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    timeout = 900
+    args = ["--batch-size", "4", "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
+            "--num-iters", "2"]
+
+
+class TfKerasSynthetic(TfSynthetic):
+    """examples/tensorflow2/tensorflow2_keras_synthetic_benchmark.py (fit with
+    DistributedOptimizer and the broadcast callback)."""
+    name = "tf2_keras_synthetic"
+    filename = "tensorflow2_keras_synthetic_benchmark.py"
+    args = ["--model", "MobileNet", "--batch-size", "4", "--num-batches-per-iter", "2",
+            "--num-iters", "2"]
+
+
+EXAMPLES = [Synthetic, Mnist, MnistNumProc, Imagenet, SyntheticElastic, MnistElastic,
+            TfSynthetic, TfKerasSynthetic]
 NAMES = [e.name for e in EXAMPLES]
 
 
@@ -778,21 +815,28 @@ def main(argv=None) -> int:
     for b in ("kolorun", "kolo-rendezvous"):
         if not os.access(os.path.join(a.bin, b), os.X_OK):
             p.error(f"no {b} in {a.bin} (build kolo, or pass --bin)")
-    probe = subprocess.run([a.python, "-c", "import torch, torchvision; "
-                            "print(torch.__version__, torchvision.__version__)"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        print(f"run_examples: {a.python} cannot import torch and torchvision: "
-              f"{probe.stderr.strip().splitlines()[-1:]}", flush=True)
-        return 77
-    versions = probe.stdout.strip()
+    frameworks = {c.framework for c in EXAMPLES if c.name in only}
+    probes = {"torch": "import torch, torchvision; print('torch', torch.__version__, "
+                       "'torchvision', torchvision.__version__)",
+              "tensorflow": "import tensorflow as tf, tf_keras; print('tensorflow', "
+                            "tf.__version__, 'tf_keras', tf_keras.__version__)"}
+    versions = []
+    for fw in sorted(frameworks):
+        probe = subprocess.run([a.python, "-c", probes[fw]], capture_output=True, text=True,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        if probe.returncode != 0:
+            print(f"run_examples: {a.python} cannot run the {fw} examples: "
+                  f"{probe.stderr.strip().splitlines()[-1:]}", flush=True)
+            return 77
+        versions.append(probe.stdout.strip())
+    versions = "; ".join(versions)
     temp = a.work_dir is None
     a.work_dir = os.path.abspath(a.work_dir or tempfile.mkdtemp(prefix="kolo-horovod-examples."))
     os.makedirs(a.work_dir, exist_ok=True)
     src = Source(a.horovod_src, a.rev)
     ctx = Context(a, src)
-    print(f"run_examples: Horovod examples from {src.where}; {a.python} (torch, torchvision "
-          f"{versions}); kolo from {REPO}; work folder {a.work_dir}", flush=True)
+    print(f"run_examples: Horovod examples from {src.where}; {a.python} ({versions}); kolo "
+          f"from {REPO}; work folder {a.work_dir}", flush=True)
     results = []
     for cls in EXAMPLES:
         if cls.name not in only:
