@@ -79,3 +79,23 @@ def test_horovod_names():
 
     missing = [n for n in HOROVOD_TF if not hasattr(hvd, n)]
     assert not missing, f"kolo.tensorflow lacks Horovod's {missing}"
+
+
+def test_worker_exception_ends_the_job_promptly():
+    """A rank that raises while the others wait for it in an allreduce inside
+    tf.function: the others fail at once and kolorun exits non-zero within
+    seconds."""
+    import time
+
+    p = run_worker(3, "tf_raise.py", timeout=120, check=False,
+                   env={"TF_CPP_MIN_LOG_LEVEL": "3"})
+    end = time.time()
+    assert p.returncode != 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = results(p)
+    assert "fails on purpose" in p.stdout + p.stderr
+    raising = [x["raising"] for x in res.get(1, []) if "raising" in x]
+    assert raising, f"rank 1 never got to raise:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    assert end - raising[0] < 20, f"kolorun took {end - raising[0]:.1f} s after rank 1 raised"
+    for rank in (0, 2):
+        assert not any("completed" in x for x in res.get(rank, [])), \
+            f"rank {rank}'s allreduce completed without rank 1"
