@@ -44,7 +44,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # examples/
+# examples/digits_data.py: in examples/, or beside a copy of this file.
+sys.path[:0] = [str(pathlib.Path(__file__).resolve().parent),
+                str(pathlib.Path(__file__).resolve().parents[1])]
 import digits_data  # noqa: E402
 import kolo  # noqa: E402 (found now, from the checkout if need be)
 import kolo.torch as hvd  # noqa: E402

@@ -12,8 +12,8 @@
 #     KOLO_LIBRARY set: the package loads its own kolo/lib/libkolo.so, the
 #     console scripts are on PATH and run their binaries, kolo-info says
 #     where libkolo is, and `kolorun -np 2 -- python train_digits.py` (a copy
-#     of examples/torch/train_digits.py) reaches its accuracy with bitwise
-#     identical parameters on both ranks.
+#     of examples/torch/train_digits.py, with examples/digits_data.py beside
+#     it) reaches its accuracy with bitwise identical parameters on both ranks.
 #
 # Every step is bounded by timeout and timed. Exits 77 (skipped) only when
 # PYTHON has no pip or cannot make a venv.
@@ -128,7 +128,8 @@ took "venv and install"
 # The copy sits two levels below $tmp, so that the example's fallback to
 # <checkout>/python ($tmp/python) finds nothing: only the venv's kolo can load.
 mkdir -p "$tmp/job/run"
-cp "$src/examples/torch/train_digits.py" "$tmp/job/run/" || fail "copy the example"
+cp "$src/examples/torch/train_digits.py" "$src/examples/digits_data.py" "$tmp/job/run/" ||
+	fail "copy the example"
 cd "$tmp/job/run" || fail "cd"
 export PATH="$tmp/venv/bin:$PATH"
 site=$("$vpy" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')
