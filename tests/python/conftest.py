@@ -81,3 +81,25 @@ def results(proc):
             rank = int(m.group(1)) if m.group(1) is not None else 0
             out.setdefault(rank, []).append(json.loads(m.group(2)))
     return out
+
+
+def check_cases(proc, np_, minimum):
+    """For workers that run named cases (workers/_common.Cases): every rank
+    reported the same cases, at least ``minimum``, all passed, ending with a
+    count. Returns (case names, results)."""
+    res = results(proc)
+    assert sorted(res) == list(range(np_)), f"ranks that reported: {sorted(res)}"
+    names = None
+    for rank, items in sorted(res.items()):
+        cases = [x for x in items if "case" in x]
+        summary = [x for x in items if "cases" in x]
+        assert summary and summary[-1]["cases"] == len(cases), \
+            f"rank {rank}: the worker did not finish ({len(cases)} cases reported)"
+        failed = [f"{c['case']}: {c['detail']}" for c in cases if not c["ok"]]
+        assert not failed, f"rank {rank} of {np_}: {len(failed)} failed:\n" + "\n".join(failed)
+        got = [c["case"] for c in cases]
+        assert len(got) >= minimum
+        if names is None:
+            names = got
+        assert got == names, f"rank {rank} ran other cases than rank 0"
+    return names, res

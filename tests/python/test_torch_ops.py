@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import REPO, requires_torch, results, run_worker
+from conftest import REPO, check_cases, requires_torch, results, run_worker
 
 pytestmark = requires_torch
 
@@ -48,26 +48,6 @@ def expected_cases():
         ("grouped_allreduce_async_", "int32", "sum")]]
     names += [f"alltoall/{d}" for d in ("float32", "int64", "bfloat16", "bool", "float64")]
     return names
-
-
-def check_cases(proc, np_, minimum):
-    """Every rank reported the same cases, all passed, ending with a count."""
-    res = results(proc)
-    assert sorted(res) == list(range(np_)), f"ranks that reported: {sorted(res)}"
-    names = None
-    for rank, items in sorted(res.items()):
-        cases = [x for x in items if "case" in x]
-        summary = [x for x in items if "cases" in x]
-        assert summary and summary[-1]["cases"] == len(cases), \
-            f"rank {rank}: the worker did not finish ({len(cases)} cases reported)"
-        failed = [f"{c['case']}: {c['detail']}" for c in cases if not c["ok"]]
-        assert not failed, f"rank {rank} of {np_}: {len(failed)} failed:\n" + "\n".join(failed)
-        got = [c["case"] for c in cases]
-        assert len(got) >= minimum
-        if names is None:
-            names = got
-        assert got == names, f"rank {rank} ran other cases than rank 0"
-    return names, res
 
 
 @pytest.mark.parametrize("np_", [2, 3, 4])

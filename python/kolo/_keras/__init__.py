@@ -18,8 +18,7 @@ import numpy as np
 
 from kolo.common import arrays, util
 from kolo.common import variables as V
-from kolo.common.basics import Average, global_process_set, check_process_set, kolo_op, op_from
-from kolo.common.handles import wait_all
+from kolo.common.basics import Average, check_process_set, kolo_op, op_from
 
 from . import reduce as R
 
@@ -153,5 +152,4 @@ def load_model(keras: Any, wrap: Callable[[Any], Any], filepath: str,
 
 
 __all__ = ["create_distributed_optimizer", "allreduce", "allgather", "broadcast",
-           "reducescatter", "broadcast_model", "load_model", "global_process_set",
-           "wait_all"]
+           "reducescatter", "broadcast_model", "load_model"]

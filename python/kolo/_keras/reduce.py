@@ -22,6 +22,7 @@ import kolo
 from kolo.common import arrays
 from kolo.common.elastic import note_callback_error
 from kolo.common.basics import kolo_op
+from kolo.common.util import predivide_scales
 from kolo.common.handles import wait_all
 
 
@@ -33,20 +34,12 @@ def _names(prefix: str, variables: List[Any]) -> List[str]:
     return out
 
 
-def _scales(op: int, predivide: float, post: float, size: int) -> tuple:
-    from kolo.common.basics import Average, Sum
-    if predivide != 1.0 and op == Average:
-        return Sum, 1.0 / predivide, post * predivide / size
-    return op, 1.0, post
-
-
 def reducer(backend: str, prefix: str, op: int, compression: Any, sparse_as_dense: bool,
             predivide: float, post: float) -> Callable[[list, list], list]:
     """``reduce(grads, variables) -> grads`` for ``backend``; None stays
     None."""
     def reduce(grads: list, variables: list) -> list:
-        import kolo
-        rop, pre, post_ = _scales(op, predivide, post, kolo.size())
+        rop, pre, post_ = predivide_scales(op, predivide, post, kolo.size())
         keep = [i for i, g in enumerate(grads) if g is not None]
         if not keep:
             return grads
@@ -56,11 +49,9 @@ def reducer(backend: str, prefix: str, op: int, compression: Any, sparse_as_dens
         vs = [variables[i] for i in keep]
         if backend == "tensorflow":
             from kolo.tensorflow import gradients as G
-            out = G.reduce_gradients(gs, vs, prefix, op=rop, compression=compression,
+            out = G.reduce_gradients(gs, vs, prefix, op=op, compression=compression,
                                      sparse_as_dense=sparse_as_dense,
-                                     gradient_predivide_factor=1.0) if pre == 1.0 and \
-                post_ == 1.0 else _tf_scaled(gs, ns, rop, pre, post_, compression,
-                                             sparse_as_dense)
+                                     gradient_predivide_factor=predivide, postscale=post)
         elif backend == "torch":
             out = _torch(gs, ns, rop, pre, post_, compression)
         elif backend == "jax":
@@ -73,20 +64,6 @@ def reducer(backend: str, prefix: str, op: int, compression: Any, sparse_as_dens
             res[i] = g
         return res
     return reduce
-
-
-def _tf_scaled(gs, ns, op, pre, post, compression, sparse_as_dense):
-    import tensorflow as tf
-
-    from kolo.tensorflow import mpi_ops
-    dense = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) and sparse_as_dense
-             else g for g in gs]
-    if any(isinstance(g, tf.IndexedSlices) for g in dense):
-        raise NotImplementedError("kolo: sparse gradients with gradient_predivide_factor or "
-                                  "backward_passes_per_step: pass sparse_as_dense=True")
-    pairs = [compression.compress(tf.convert_to_tensor(g)) for g in dense]
-    out = mpi_ops.allreduce_list([p[0] for p in pairs], ns, op, pre, post)
-    return [compression.decompress(o, p[1]) for o, p in zip(out, pairs)]
 
 
 def _torch(gs, ns, op, pre, post, compression):

@@ -22,7 +22,7 @@ import numpy as np
 import kolo
 
 from .handles import Op
-from .util import mismatch
+from .util import alltoall_meta, gathered_shapes, mismatch
 
 ALIGN = 64
 
@@ -45,20 +45,6 @@ def zeros(shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
 
 def contiguous(a: np.ndarray) -> np.ndarray:
     return a if a.flags["C_CONTIGUOUS"] else np.ascontiguousarray(a)
-
-
-def group(ops: List[Op]) -> Op:
-    """One Op for several: its result is the list of theirs."""
-    spans, hs, at = [], [], 0
-    for op in ops:
-        hs.extend(op.handles)
-        spans.append((at, at + len(op.handles)))
-        at += len(op.handles)
-
-    def finish(res: list) -> list:
-        return [op.finish(res[a:b]) for op, (a, b) in zip(ops, spans)]
-
-    return Op(hs, finish, tuple(op.keep for op in ops))
 
 
 def allreduce(a: np.ndarray, name: str, op: str, prescale: float = 1.0,
@@ -107,10 +93,7 @@ def allgather(a: np.ndarray, name: str) -> Op:
 
     def finish(res):
         (shapes_flat, counts), (flat, _) = res
-        shapes, at = [], 0
-        for c in counts:
-            shapes.append(tuple(int(x) for x in shapes_flat[at + 1:at + c]))
-            at += c
+        shapes = gathered_shapes(shapes_flat, counts)
         if len({s[1:] for s in shapes}) != 1 or len({len(s) for s in shapes}) != 1:
             raise mismatch(f"allgather {name}", shapes,
                            "only the first dimension may differ between ranks")
@@ -146,12 +129,7 @@ def alltoall(a: np.ndarray, rows: List[int], name: str) -> Op:
 
     def finish(res):
         (meta_in, meta_counts), (flat, _) = res
-        recv, shapes, at = [], [], 0
-        for c in meta_counts:
-            part = [int(x) for x in meta_in[at:at + c]]
-            recv.append(part[0])
-            shapes.append(tuple(part[2:]))
-            at += c
+        recv, shapes = alltoall_meta(meta_in, meta_counts)
         if len(set(shapes)) != 1:
             raise mismatch(f"alltoall {name}", [(None,) + s for s in shapes],
                            "only the first dimension may differ between ranks")

@@ -76,3 +76,38 @@ def split_rows(splits: Any, n: int, rows: int, what: str) -> List[int]:
         raise ValueError(f"kolo: alltoall splits {out} add up to {sum(out)} rows; the tensor "
                          f"has {rows}")
     return out
+
+
+def gathered_shapes(flat: Any, counts: List[int]) -> List[tuple]:
+    """Each rank's shape from an allgather of ``[ndim, *shape]`` records
+    (``counts`` elements each)."""
+    shapes, at = [], 0
+    for c in counts:
+        shapes.append(tuple(int(x) for x in flat[at + 1:at + c]))
+        at += c
+    return shapes
+
+
+def alltoall_meta(meta_in: Any, counts: List[int]) -> tuple:
+    """(rows received from each rank, each rank's trailing shape) from the
+    alltoall of ``[rows, ndim - 1, *trailing]`` records."""
+    recv, shapes, at = [], [], 0
+    for c in counts:
+        part = [int(x) for x in meta_in[at:at + c]]
+        recv.append(part[0])
+        shapes.append(tuple(part[2:]))
+        at += c
+    return recv, shapes
+
+
+def predivide_scales(op: int, predivide: float, postscale: float, size: int) -> tuple:
+    """(op, prescale, postscale) of a gradient reduction: Horovod's
+    ``gradient_predivide_factor`` splits Average into a scale before the sum
+    and one after it; ``postscale`` multiplies the result."""
+    from .basics import Average, Sum
+    if predivide != 1.0:
+        if op != Average:
+            raise ValueError("kolo: gradient_predivide_factor is only supported with "
+                             "op=Average")
+        return Sum, 1.0 / predivide, postscale * predivide / size
+    return op, 1.0, postscale

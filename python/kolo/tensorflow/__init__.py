@@ -31,11 +31,8 @@ from . import elastic  # noqa: F401,E402
 
 
 def __getattr__(name):
-    # Lazy: SyncBatchNormalization and keras need Keras, which TF loads late.
+    # Lazy: SyncBatchNormalization needs Keras, which TF loads late.
     if name == "SyncBatchNormalization":
         from .sync_batch_norm import SyncBatchNormalization
         return SyncBatchNormalization
-    if name == "keras":
-        import importlib
-        return importlib.import_module("kolo.tensorflow.keras")
     raise AttributeError(f"module 'kolo.tensorflow' has no attribute {name!r}")

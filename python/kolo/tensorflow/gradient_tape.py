@@ -63,7 +63,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     ``groups`` is accepted; kolo fuses by size (KOLO_FUSION_THRESHOLD)."""
     check_process_set(process_set, "DistributedGradientTape")
     G.check_predivide(op, gradient_predivide_factor)
-    G.groups_warning(num_groups, groups)
+    G.check_groups(num_groups, groups)
     base = type(gradtape)
     cls = type(base.__name__, (base,), dict(
         (k, v) for k, v in _DistributedGradientTape.__dict__.items()

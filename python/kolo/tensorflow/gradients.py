@@ -15,7 +15,8 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
-from kolo.common.basics import Average, Sum
+from kolo.common.basics import Average
+from kolo.common.util import predivide_scales
 
 from . import mpi_ops
 from .compression import Compression
@@ -26,24 +27,15 @@ def var_name(v: Any, i: int) -> str:
     return f"{i}.{path}" if path else str(i)
 
 
-def scales(op: int, predivide: float) -> tuple:
-    """(op, prescale, postscale): Horovod's ``gradient_predivide_factor``
-    splits the average into a scale before the sum and one after it."""
-    if predivide != 1.0:
-        if op != Average:
-            raise ValueError("kolo: gradient_predivide_factor is only supported with "
-                             "op=Average")
-        return Sum, 1.0 / predivide, predivide / mpi_ops.size()
-    return op, 1.0, 1.0
-
-
 def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any], prefix: str,
                      op: int = Average, compression: Any = Compression.none,
                      sparse_as_dense: bool = False,
-                     gradient_predivide_factor: float = 1.0) -> List[Any]:
+                     gradient_predivide_factor: float = 1.0,
+                     postscale: float = 1.0) -> List[Any]:
     """The gradients averaged (``op``) over every rank, in order; None stays
     None."""
-    op, pre, post = scales(op, gradient_predivide_factor)
+    op, pre, post = predivide_scales(op, gradient_predivide_factor, postscale,
+                                     mpi_ops.size())
     out: List[Any] = list(grads)
     dense, names, ctxs = [], [], []
     for i, (g, v) in enumerate(zip(grads, variables)):
@@ -72,7 +64,7 @@ def check_predivide(op: int, gradient_predivide_factor: float) -> None:
         raise ValueError("kolo: gradient_predivide_factor is only supported with op=Average")
 
 
-def groups_warning(num_groups: int, groups: Optional[Any]) -> None:
+def check_groups(num_groups: int, groups: Optional[Any]) -> None:
     """kolo fuses by size (KOLO_FUSION_THRESHOLD), not by explicit groups:
     ``groups``/``num_groups`` are accepted and have no effect."""
     if groups is not None and not (isinstance(groups, list) or groups > 0):

@@ -28,6 +28,7 @@ from kolo.common.basics import (  # noqa: F401
     remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from kolo.common.handles import wait_all
 from kolo.common.util import label, split_rows
+from kolo.common.util import root as util_root
 
 from . import _bridge as B
 from ._bridge import XlaError  # noqa: F401
@@ -272,11 +273,6 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
 # ---- broadcast -------------------------------------------------------------
 
 
-def _root(root_rank: Any) -> int:
-    from kolo.common.util import root
-    return root(root_rank)
-
-
 def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
               ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
@@ -285,7 +281,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
     check_process_set(process_set, "broadcast")
     x = _tensor(tensor)
     B.check(x, label("broadcast", name))
-    root = _root(root_rank)
+    root = util_root(root_rank)
     nm = B.name("broadcast", name)
 
     @tf.custom_gradient
@@ -312,7 +308,7 @@ def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: Optional[
         return []
     for i, v in enumerate(variables):
         B.check(v, label("broadcast_", name, i))
-    root = _root(root_rank)
+    root = util_root(root_rank)
     base = B.name("broadcast_", name)
     names = [f"{base}.{i}" for i in range(len(variables))]
 

@@ -51,7 +51,9 @@ from kolo.common.basics import op_from as _op_from
 from kolo.common.handles import Op as _Op
 from kolo.common.handles import clear as _clear_handles  # noqa: F401
 from kolo.common.handles import poll, register as _register, synchronize  # noqa: F401
-from kolo.common.util import label as _label, mismatch as _mismatch, split_rows
+from kolo.common import basics as _basics
+from kolo.common.util import alltoall_meta, gathered_shapes, split_rows
+from kolo.common.util import label as _label, mismatch as _mismatch
 from kolo.common.util import op_name as _name, root as _root  # noqa: F401
 
 from .compression import Compression
@@ -298,10 +300,7 @@ def _start_allgather(tensor: torch.Tensor, base: str) -> _Op:
 
     def finish(res):
         (shapes_flat, shape_counts), (flat, _counts) = res
-        shapes, at = [], 0
-        for c in shape_counts:
-            shapes.append(tuple(int(x) for x in shapes_flat[at + 1:at + c]))
-            at += c
+        shapes = gathered_shapes(shapes_flat, shape_counts)
         if len({s[1:] for s in shapes}) != 1 or len({len(s) for s in shapes}) != 1:
             raise _mismatch(f"allgather {base}", shapes,
                             "only the first dimension may differ between ranks")
@@ -511,12 +510,7 @@ def _alltoall_op(tensor: torch.Tensor, splits: Any, name: Optional[str],
 
     def finish(res):
         (meta_in, meta_counts), (flat, _counts) = res
-        recv, shapes, at = [], [], 0
-        for c in meta_counts:
-            part = [int(x) for x in meta_in[at:at + c]]
-            recv.append(part[0])
-            shapes.append(tuple(part[2:]))
-            at += c
+        recv, shapes = alltoall_meta(meta_in, meta_counts)
         if len(set(shapes)) != 1:
             raise _mismatch(f"alltoall {base}", [(None,) + s for s in shapes],
                             "only the first dimension may differ between ranks")
@@ -732,15 +726,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     kolo.barrier()
 
 
-__all__ = [
-    # lifecycle
-    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
-    "local_rank", "cross_rank", "is_homogeneous", "start_timeline", "stop_timeline",
-    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
-    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    # ops
-    "Average", "Sum", "Adasum", "Min", "Max", "Product",
+__all__ = list(_basics.__all__) + [
     # collectives
     "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_",

@@ -30,3 +30,36 @@ class Cases:
         except Exception:
             detail = "raised: " + traceback.format_exc(limit=self.limit)
         report({"case": case, "ok": detail is None, "detail": detail})
+
+
+# Unit roundoff of each float dtype kolo reduces in (for reference bounds).
+EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23,
+       "float64": 2.0 ** -52}
+INT_DTYPES = ("int8", "uint8", "int32", "int64")
+
+
+def reduce_ref(xs, op, dtype, n, pre=1.0, post=1.0):
+    """(expected, error bound) of op over the float64 inputs ``xs`` of n
+    ranks, as kolo computes it in ``dtype`` (integers: exact, average
+    rounded half away from zero)."""
+    import numpy as np
+
+    xs = [pre * x for x in xs]
+    if op in ("sum", "average"):
+        e = np.sum(xs, axis=0) * post
+        mag = np.sum(np.abs(xs), axis=0) * abs(post)
+        if op == "average":
+            e, mag = e / n, mag / n
+    elif op == "product":
+        e = np.prod(xs, axis=0) * post
+        mag = np.abs(e)
+    else:
+        e = (np.min if op == "min" else np.max)(xs, axis=0) * post
+        mag = np.zeros_like(e)
+    if dtype in INT_DTYPES:
+        if op == "average":
+            e = np.sign(e) * np.floor(np.abs(e) + 0.5)  # kolo rounds half away from zero
+        return e, np.zeros_like(e)
+    if dtype == "bool":
+        return e, np.zeros_like(e)
+    return e, 4 * n * EPS[dtype] * (mag + np.abs(e))

@@ -17,6 +17,7 @@ torch.set_num_threads(1)
 
 import kolo.torch as hvd  # noqa: E402
 from _common import Cases, report  # noqa: E402
+from _common import reduce_ref as _reduce_ref  # noqa: E402
 
 SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 
@@ -61,25 +62,7 @@ def f64(t):
 
 def reduce_ref(xs, op, dtype, pre=1.0, post=1.0):
     """(expected, error bound) of op over the float64 inputs ``xs``."""
-    xs = [pre * x for x in xs]
-    if op in ("sum", "average"):
-        e = np.sum(xs, axis=0) * post
-        mag = np.sum(np.abs(xs), axis=0) * abs(post)
-        if op == "average":
-            e, mag = e / N, mag / N
-    elif op == "product":
-        e = np.prod(xs, axis=0) * post
-        mag = np.abs(e)
-    else:
-        e = (np.min if op == "min" else np.max)(xs, axis=0) * post
-        mag = np.zeros_like(e)
-    if dtype in INTS:
-        if op == "average":
-            e = np.sign(e) * np.floor(np.abs(e) + 0.5)  # kolo rounds half away from zero
-        return e, np.zeros_like(e)
-    if dtype == "bool":
-        return e, np.zeros_like(e)
-    return e, 4 * N * EPS[dtype] * (mag + np.abs(e))
+    return _reduce_ref(xs, op, dtype, N, pre, post)
 
 
 def check(case, got, expected, bound=None, dtype=None, shape=None):

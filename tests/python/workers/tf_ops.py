@@ -23,6 +23,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 import kolo  # noqa: E402
 import kolo.tensorflow as hvd  # noqa: E402
 from _common import Cases, report  # noqa: E402
+from _common import reduce_ref as _reduce_ref  # noqa: E402
 
 SEED = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 hvd.init()
@@ -57,21 +58,8 @@ def f64(x):
 
 
 def reduce_ref(xs, op, dtype, pre=1.0, post=1.0):
-    xs = [pre * x for x in xs]
-    if op in ("sum", "average"):
-        e, mag = np.sum(xs, axis=0) * post, np.sum(np.abs(xs), axis=0) * abs(post)
-        if op == "average":
-            e, mag = e / N, mag / N
-    elif op == "product":
-        e = np.prod(xs, axis=0) * post
-        mag = np.abs(e)
-    else:
-        e, mag = (np.min if op == "min" else np.max)(xs, axis=0) * post, np.zeros(1)
-    if dtype in INTS or dtype == "bool":
-        if op == "average":
-            e = np.sign(e) * np.floor(np.abs(e) + 0.5)
-        return e, np.zeros_like(e)
-    return e, 4 * N * EPS[dtype] * (mag + np.abs(e))
+    """(expected, error bound) of op over the float64 inputs ``xs``."""
+    return _reduce_ref(xs, op, dtype, N, pre, post)
 
 
 def check(got, expected, bound=0.0, dtype=None, shape=None):
@@ -317,8 +305,7 @@ def grad_of(mode, f, x):
         with tf.GradientTape() as tape:
             tape.watch(v)
             y = f(v)
-            loss = tf.reduce_sum(y * tf.cast(tf.range(tf.size(y)), y.dtype)
-                                 .__getitem__(slice(None)) if False else y * y)
+            loss = tf.reduce_sum(y * y)
         return tape.gradient(loss, v)
     return in_mode(mode, g, x)
 
