@@ -106,7 +106,7 @@ def test_point_to_point_matches_gloo_and_the_values_sent(run):
     for rank in range(size):
         k, g = ({x: v for x, v in d[rank].items() if x != "backend"} for d in (kolo, gloo))
         assert k == g, (rank, k, g)
-        prv, nxt = (rank - 1) % size, (rank + 1) % size
+        prv = (rank - 1) % size
         assert kolo[rank]["ring"] == p2p_value(prv, rank)
         assert kolo[rank]["dtypes"] == [[i * (prv + 1) for i in range(7)], [prv + 0.5] * 3]
     assert kolo[1]["tags"] == [p2p_value(0, 1, 5), p2p_value(0, 1, 6)]
