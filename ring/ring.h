@@ -70,6 +70,9 @@ struct kolo_ring_config {
 	 * a peer that the scheduler put on this rank's CPU cannot answer while
 	 * this rank spins there. */
 	int spin_yield_after_us;
+	/* A rank that waits for a peer running on its own CPU moves to another
+	 * CPU of its affinity mask (ring_wait.c); off when oversubscribed. */
+	bool spin_move;
 	/* Sub-comms (optional; zero/NULL for a comm of every rank): ranks[i] is the
 	 * transport (global) rank of member i, increasing; copied. tag_base is added
 	 * to the conns' tag, so that comms over one transport never share a conn.

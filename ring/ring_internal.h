@@ -64,6 +64,8 @@ struct kolo_ring_comm {
 	int tag;                     /* transport tag of every conn of this comm */
 	struct kolo_ring_hier *hier; /* hierarchical allreduce; NULL when not enabled */
 	uint64_t spin_ns;            /* the spin of ring_idle now (adaptive, ring_wait.c) */
+	unsigned shared_waits;       /* waits in a row whose peer ran on our CPU (ring_wait.c) */
+	uint64_t moved_ns;           /* when this comm last moved its thread (ring_wait.c) */
 	/* The running stream's description, sent [0] and received [1]
 	 * (ring_stream.c). Here rather than in the run: a failed run can be
 	 * freed while its receive is still posted, until its comm fails too. */
@@ -116,6 +118,8 @@ struct ring_waiter {
 	uint64_t idle_since_ns;
 	uint64_t progress_ns;
 	uint64_t blocked_ns; /* when this wait first blocked in the transport; 0: not yet */
+	int peer;            /* the member waited for, if one is known; else -1 */
+	int peer_here;       /* it runs on our CPU: 1, elsewhere: 0, not looked yet: -1 */
 };
 
 void ring_waiter_init(struct ring_waiter *w);

@@ -382,6 +382,7 @@ static kolo_status_t run_laid_out(struct kolo_ring_comm *rc, const struct ring_s
 	KOLO_CHECK(run_init(&run, rc, s));
 	struct ring_waiter w;
 	ring_waiter_init(&w);
+	w.peer = run.left_peer;
 	while (!run_finished(&run)) {
 		bool progressed = false;
 		KOLO_CHECK(run_pass(&run, &progressed));

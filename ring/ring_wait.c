@@ -11,14 +11,22 @@
  * in turn, blocks too, and every later message pays a wake-up (tens of µs
  * each). Spinning as long as answers come that fast ends that convoy, while a
  * rank that waits long (a slow peer, compute between collectives) spins at
- * most SPIN_MAX_NS per wait before it sleeps. */
+ * most SPIN_MAX_NS per wait before it sleeps.
+ *
+ * A peer on our own CPU cannot answer while we spin, so a wait that finds the
+ * peer it waits for there (the transport says where the peer last waited)
+ * yields at every pass; and after MOVE_AFTER_WAITS such waits in a row, the
+ * higher rank of the pair moves its thread to another CPU of its affinity
+ * mask (cfg.spin_move), at most once per MOVE_EVERY_NS. */
 #include <sched.h>
 #include <stdatomic.h>
 
 #include "ring_internal.h"
 
-#define WAIT_SLICE_MS 50
-#define SPIN_MAX_NS   1000000u
+#define WAIT_SLICE_MS    50
+#define SPIN_MAX_NS      1000000u
+#define MOVE_AFTER_WAITS 16u
+#define MOVE_EVERY_NS    1000000u
 
 /* The clock is read only once a pass finds nothing to do: 0 means "since the
  * next idle pass", so a wait whose requests are already complete (most
@@ -26,6 +34,58 @@
 void ring_waiter_init(struct ring_waiter *w)
 {
 	w->idle_since_ns = w->progress_ns = w->blocked_ns = 0;
+	w->peer = w->peer_here = -1;
+}
+
+/* Moves this thread to another CPU of its mask, then gives the mask back:
+ * the scheduler keeps two busy threads apart once they are apart, but can
+ * leave two that started together on one CPU for tens of ms
+ * (docs/collectives.md, "Waiting"). The CPU: the rank-th of the mask, or the
+ * one after it when that is ours. */
+static void move_off(const struct kolo_ring_comm *rc, int cpu)
+{
+	cpu_set_t mask, one;
+	if (sched_getaffinity(0, sizeof(mask), &mask) != 0 || CPU_COUNT(&mask) < 2)
+		return;
+	int k = rc->rank % CPU_COUNT(&mask), to = -1, first = -1;
+	for (int c = 0, seen = 0; c < CPU_SETSIZE; c++) {
+		if (!CPU_ISSET(c, &mask))
+			continue;
+		if (first < 0)
+			first = c;
+		if (to == cpu || (to < 0 && seen == k))
+			to = c;
+		seen++;
+	}
+	if (to == cpu)
+		to = first;
+	CPU_ZERO(&one);
+	CPU_SET(to, &one);
+	if (sched_setaffinity(0, sizeof(one), &one) == 0 &&
+	    sched_setaffinity(0, sizeof(mask), &mask) != 0)
+		KOLO_WARN("ring", "cannot restore this thread's CPU mask");
+}
+
+/* Whether the peer w waits for last waited on our CPU; counts the waits
+ * that found it there and moves off after MOVE_AFTER_WAITS of them. */
+static bool peer_here(struct kolo_ring_comm *rc, struct ring_waiter *w, uint64_t now)
+{
+	if (w->peer < 0 || !rc->t->ops->peer_cpu || !rc->conns[w->peer])
+		return false;
+	int cpu = sched_getcpu();
+	bool here = cpu >= 0 && rc->t->ops->peer_cpu(rc->conns[w->peer], cpu) == cpu;
+	if (w->peer_here < 0) {
+		rc->shared_waits = here ? rc->shared_waits + 1 : 0;
+		if (here && rc->cfg.spin_move && rc->shared_waits >= MOVE_AFTER_WAITS &&
+		    ring_global_rank(rc, rc->rank) > ring_global_rank(rc, w->peer) &&
+		    now - rc->moved_ns >= MOVE_EVERY_NS) {
+			move_off(rc, cpu);
+			rc->moved_ns = now;
+			rc->shared_waits = 0;
+		}
+	}
+	w->peer_here = here;
+	return here;
 }
 
 /* A wait that had blocked made progress `blocked` ns after it blocked. */
@@ -68,7 +128,7 @@ kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool p
 	if (now - w->idle_since_ns < KOLO_MAX(rc->spin_ns, (uint64_t)rc->cfg.spin_us * 1000u)) {
 		/* More ranks than CPUs here: the peer we wait for may need this
 		 * CPU to make the progress we wait for. */
-		if (rc->cfg.spin_yield ||
+		if (peer_here(rc, w, now) || rc->cfg.spin_yield ||
 		    (rc->cfg.spin_yield_after_us > 0 &&
 		     now - w->idle_since_ns >= (uint64_t)rc->cfg.spin_yield_after_us * 1000u))
 			sched_yield();
@@ -118,6 +178,8 @@ kolo_status_t ring_wait_all(struct kolo_ring_comm *rc, struct kolo_req **reqs, c
 		for (int i = 0; i < n; i++) {
 			KOLO_CHECK(ring_poll_req(rc, &reqs[i], peers[i], "exchanging with",
 			                         &progressed));
+			if (reqs[i] && !pending)
+				w.peer = peers[i];
 			pending |= reqs[i] != NULL;
 		}
 		if (!pending) {

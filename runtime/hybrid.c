@@ -270,6 +270,12 @@ static bool hybrid_unreachable(struct kolo_transport *t, int peer_rank)
 	return h->net->ops->unreachable && h->net->ops->unreachable(h->net, peer_rank);
 }
 
+static int hybrid_peer_cpu(struct kolo_conn *c, int cpu)
+{
+	struct kolo_conn *sub = kolo_container_of(c, struct hybrid_conn, base)->sub;
+	return sub->transport->ops->peer_cpu ? sub->transport->ops->peer_cpu(sub, cpu) : -1;
+}
+
 /* Shared memory for the peers cfg->same_host marks (created only if there
  * is one), TCP for the others. */
 static kolo_status_t hybrid_create(const struct kolo_transport_config *cfg,
@@ -323,6 +329,7 @@ const struct kolo_transport_ops kolo_transport_hybrid_ops = {
         .destroy = hybrid_destroy,
         .poll_fd = hybrid_poll_fd,
         .unreachable = hybrid_unreachable,
+        .peer_cpu = hybrid_peer_cpu,
 };
 
 kolo_status_t kolo_hybrid_net_handle(const struct kolo_transport_handle *h,

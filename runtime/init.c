@@ -288,6 +288,8 @@ kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm)
 	        .spin_us = (int)kolo_param_int(KOLO_P_SPIN_US),
 	        .spin_yield = spin_yield(a),
 	        .spin_yield_after_us = param_is(KOLO_P_SPIN_YIELD, "0", "off", "false") ? 0 : 5,
+	        .spin_move = !param_is(KOLO_P_SPIN_MOVE, "0", "off", "false") &&
+	                     a->local_size <= kolo_cpu_count(),
 	};
 	struct kolo_errbuf eb = {{0}};
 	kolo_status_t st = kolo_ring_comm_create(&rc, &comm->ring, &eb);

@@ -149,4 +149,5 @@ const struct kolo_transport_ops kolo_transport_shm_ops = {
         .close = shm_close,
         .destroy = shm_destroy,
         .poll_fd = shm_poll_fd,
+        .peer_cpu = shm_peer_cpu,
 };

@@ -40,6 +40,8 @@ struct shm_ring_ctl {
 	char pad2[60];
 	_Atomic uint32_t producer_waiting;
 	char pad3[60];
+	_Atomic int32_t producer_cpu; /* the CPU its producer last waited on; -1: none yet */
+	char pad4[60];
 };
 
 /* ---- objects ---- */
@@ -139,6 +141,8 @@ size_t shm_ring_writev(struct shm_conn *c, const uint8_t *a, size_t alen, const 
 size_t shm_ring_readv(struct shm_conn *c, size_t skip, uint8_t *dst, size_t len);
 /* Copies up to len bytes of the rx ring without consuming them. */
 size_t shm_ring_peek(struct shm_conn *c, uint8_t *dst, size_t len);
+/* The transport's peer_cpu(): publishes cpu, returns the peer's. */
+int shm_peer_cpu(struct kolo_conn *base, int cpu);
 
 /* ---- the handshake (shm_handshake.c) ---- */
 

@@ -35,6 +35,7 @@ kolo_status_t shm_ring_map(struct shm_conn *c, int memfd, size_t ring_bytes, boo
 			atomic_init(&h->rings[i].tail, 0);
 			atomic_init(&h->rings[i].consumer_waiting, 0);
 			atomic_init(&h->rings[i].producer_waiting, 0);
+			atomic_init(&h->rings[i].producer_cpu, -1);
 		}
 	}
 	if (c->acceptor) {
@@ -127,4 +128,15 @@ size_t shm_ring_readv(struct shm_conn *c, size_t skip, uint8_t *dst, size_t len)
 size_t shm_ring_read(struct shm_conn *c, uint8_t *dst, size_t len)
 {
 	return shm_ring_readv(c, 0, dst, len);
+}
+
+int shm_peer_cpu(struct kolo_conn *base, int cpu)
+{
+	struct shm_conn *c = shm_cn(base);
+	if (c->state != SHM_CS_READY)
+		return -1;
+	/* Written only when it changes: the line stays shared while we stay. */
+	if (atomic_load_explicit(&c->tx->producer_cpu, memory_order_relaxed) != cpu)
+		atomic_store_explicit(&c->tx->producer_cpu, cpu, memory_order_relaxed);
+	return atomic_load_explicit(&c->rx->producer_cpu, memory_order_relaxed);
 }
