@@ -83,6 +83,10 @@ struct shm_conn {
 	uint8_t *map;
 	size_t map_len, ring_bytes;
 	struct shm_ring_ctl *tx, *rx;
+	/* The consumer's tail of tx as last read: the space it leaves is
+	 * reread only when it is short, so a small send does not pull the
+	 * line the consumer has just written to. */
+	uint64_t tx_tail;
 	uint8_t *txdata, *rxdata;
 	struct shm_req_list sends, recvs;
 	/* Deadlines without a clock read per message: the data path counts

@@ -79,8 +79,11 @@ size_t shm_ring_writev(struct shm_conn *c, const uint8_t *a, size_t alen, const 
                        size_t blen)
 {
 	uint64_t head = atomic_load_explicit(&c->tx->head, memory_order_relaxed);
-	uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
-	size_t space = c->ring_bytes - (size_t)(head - tail);
+	size_t space = c->ring_bytes - (size_t)(head - c->tx_tail);
+	if (space < alen + blen) {
+		c->tx_tail = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
+		space = c->ring_bytes - (size_t)(head - c->tx_tail);
+	}
 	size_t n = KOLO_MIN(KOLO_MIN(space, alen + blen), (size_t)PUBLISH_BYTES);
 	if (n == 0)
 		return 0;
