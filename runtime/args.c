@@ -34,7 +34,7 @@ kolo_status_t kolo_args_comm(struct kolo_comm *comm, const char *coll)
 		return kolo_args_fail(comm, coll,
 		                      "the comm has no data plane (finalized, or its "
 		                      "last re-form did not complete)");
-	return KOLO_OK;
+	return kolo_runtime_set_check(comm, coll);
 }
 
 kolo_status_t kolo_args_dtype(struct kolo_comm *comm, const char *coll, kolo_dtype_t dtype)

@@ -25,6 +25,12 @@ struct kolo_bootstrap {
 KOLO_API kolo_status_t kolo_bootstrap_create(const struct kolo_bootstrap_config *cfg,
                                              kolo_bootstrap_t **out)
 {
+	return kolo_runtime_bootstrap_new(cfg, NULL, out);
+}
+
+kolo_status_t kolo_runtime_bootstrap_new(const struct kolo_bootstrap_config *cfg, const char *host,
+                                         kolo_bootstrap_t **out)
+{
 	kolo_runtime_set_init_error("%s", "");
 	if (!out) {
 		kolo_runtime_set_init_error("kolo_bootstrap_create: out is NULL");
@@ -65,12 +71,17 @@ KOLO_API kolo_status_t kolo_bootstrap_create(const struct kolo_bootstrap_config 
 	comm->assignment.round = 1;
 	comm->assignment.rank = cfg->rank;
 	comm->assignment.size = cfg->size;
-	if (kolo_hostname(comm->host, sizeof(comm->host)) != KOLO_OK || !comm->host[0]) {
+	if (host) {
+		/* A process set: the process's comm named the host already, and
+		 * the log identity stays the process's. */
+		snprintf(comm->host, sizeof(comm->host), "%s", host);
+	} else if (kolo_hostname(comm->host, sizeof(comm->host)) != KOLO_OK || !comm->host[0]) {
 		kolo_bootstrap_destroy(b);
 		kolo_runtime_set_init_error("cannot determine the host name; set KOLO_HOSTNAME");
 		return KOLO_ESYSTEM;
+	} else {
+		kolo_log_set_identity(comm->host, cfg->rank);
 	}
-	kolo_log_set_identity(comm->host, cfg->rank);
 	*out = b;
 	return KOLO_OK;
 }

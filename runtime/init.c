@@ -343,6 +343,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 {
 	if (!comm)
 		return;
+	kolo_runtime_sets_release(comm);
 	kolo_runtime_metrics_stop(comm);
 	kolo_runtime_elastic_stop(comm);
 	kolo_runtime_p2p_destroy(comm, KOLO_ESHUTDOWN, "the comm was freed");

@@ -347,6 +347,7 @@ static kolo_status_t reform(struct kolo_comm *comm)
 {
 	uint64_t t0 = kolo_now_ms();
 	comm->reform_ns[0] = kolo_now_ns();
+	kolo_runtime_sets_invalidate(comm);
 	int timeout = (int)KOLO_MIN(kolo_param_int(KOLO_P_ELASTIC_TIMEOUT_MS), INT32_MAX);
 	uint64_t end = t0 + (uint64_t)KOLO_MAX(timeout, 0);
 	int64_t round = comm->assignment.round;

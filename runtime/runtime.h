@@ -62,7 +62,31 @@ struct kolo_comm {
 	struct kolo_p2p *p2p;
 	void *p2p_ctx;
 	pthread_mutex_t p2p_lock;
+	/* Process sets (process_set.c): epoch is this comm's, made by its first
+	 * set and shared with every set made from it; a re-form or the end of
+	 * this comm moves it on. A set holds its parent's (parent_epoch) and the
+	 * generation it was made in; sets_made numbers the sets. */
+	struct kolo_set_epoch *epoch;
+	struct kolo_set_epoch *parent_epoch;
+	uint64_t parent_gen;
+	int sets_made;
 };
+
+/* ---- process sets (process_set.c) ------------------------------------- */
+struct kolo_bootstrap;
+struct kolo_bootstrap_config;
+/* kolo_bootstrap_create, with the host name given (NULL: KOLO_HOSTNAME or
+ * the system's, and the log identity set to the rank; a process set passes
+ * its parent's host and keeps the process's identity). */
+kolo_status_t kolo_runtime_bootstrap_new(const struct kolo_bootstrap_config *cfg, const char *host,
+                                         struct kolo_bootstrap **out);
+/* KOLO_OK, or KOLO_EINVAL ("<coll>: ...") for a set whose parent re-formed
+ * or ended since the set was made. */
+kolo_status_t kolo_runtime_set_check(struct kolo_comm *comm, const char *coll);
+/* A re-form: the sets made from comm so far refuse every op from now on. */
+void kolo_runtime_sets_invalidate(struct kolo_comm *comm);
+/* The comm's end: invalidates its sets and drops its epoch references. */
+void kolo_runtime_sets_release(struct kolo_comm *comm);
 
 /* Tells the launcher (kolorun, through the pipe named by KOLO_LAUNCHER_FD)
  * this worker's rank, size and round, so that it prefixes the worker's output

@@ -160,6 +160,25 @@ KOLO_API kolo_status_t kolo_alltoallv(kolo_comm_t *comm, const void *sendbuf,
                                       const size_t *recvcounts, kolo_dtype_t dtype);
 KOLO_API kolo_status_t kolo_barrier(kolo_comm_t *comm);
 
+/* Process sets: a comm over a subset of comm's ranks, for Horovod's process
+ * sets and torch's new_group. Collective over every rank of comm, called in
+ * the same order as its other collectives: each rank passes the same members
+ * (any order; rank numbers of comm, each once). A member gets *set, a comm
+ * of its own whose rank r is the r-th smallest member, on which every
+ * collective (kolo.h, async.h) and point-to-point runs with its own rings,
+ * fusion and names, never waiting for ops of comm or of other sets; a rank
+ * outside the set gets *set == NULL. Ranks that disagree on the members get
+ * KOLO_EMISMATCH on every rank (KOLO_EINVAL for an invalid list), with both
+ * lists in kolo_last_error(comm), and no set is made. A set is not elastic:
+ * once comm re-forms (kolo_reform) or is finalized, every op on the set
+ * fails with KOLO_EINVAL; free it and create it again from the new round. */
+KOLO_API kolo_status_t kolo_process_set_create(kolo_comm_t *comm, const int *ranks, int n,
+                                               kolo_comm_t **set);
+/* Frees a set: a barrier of its members (skipped when the set is already
+ * broken), then its connections close. Every member calls it, before comm
+ * is finalized. Accepts NULL. */
+KOLO_API kolo_status_t kolo_process_set_free(kolo_comm_t *set);
+
 /* CUDA device memory: every collective, blocking and async, accepts CUDA
  * device pointers, recognised with cudaPointerGetAttributes (nothing to
  * say); managed memory is read by the CPU as host memory. The work is

@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 from . import _lib
 
@@ -296,16 +296,42 @@ OP_NAMES = {v: k for k, v in _lib.OPS.items()}
 # ---- the comm --------------------------------------------------------------
 
 
-class _Comm:
-    def __init__(self, ptr: int, bootstrap: bool):
+class Comm:
+    """A kolo communicator: the process's own (:func:`init`) or a process
+    set's (:func:`process_set_create`). Every collective takes one as
+    ``comm=`` (None: the process's)."""
+
+    def __init__(self, ptr: int, bootstrap: bool, ranks: Optional[List[int]] = None):
         self.ptr = ptr
         self.bootstrap = bootstrap
+        self.ranks = ranks  # a process set's members, as ranks of the process's comm
         self.names: dict[str, int] = {}
         self.name_lock = threading.Lock()
 
     def check(self, status: int, what: str) -> None:
         if status != 0:
-            raise _error(status, f"{what}: {last_error()}")
+            msg = _lib.text(_lib_().kolo_last_error(self.ptr)) if self.ptr else "freed"
+            raise _error(status, f"{what}: {msg}")
+
+    def rank(self) -> int:
+        """This process's rank in the comm."""
+        return int(_lib_().kolo_rank(self._live()))
+
+    def size(self) -> int:
+        """The number of ranks in the comm."""
+        return int(_lib_().kolo_size(self._live()))
+
+    def _live(self) -> int:
+        if not self.ptr:
+            raise ValueError("kolo: this process set was freed")
+        return self.ptr
+
+    def __repr__(self) -> str:
+        what = "process set " + str(self.ranks) if self.ranks is not None else "comm"
+        return f"<kolo {what}>"
+
+
+_Comm = Comm
 
 
 _comm: Optional[_Comm] = None
@@ -398,11 +424,48 @@ def adopt(comm_ptr: int) -> None:
         _install_exit_hooks()
 
 
-def _get() -> _Comm:
+def _get(comm: Optional[Comm] = None) -> Comm:
+    if comm is not None:
+        comm._live()
+        if _comm is None:
+            raise ValueError("kolo: this process set's comm was finalized")
+        return comm
     c = _comm
     if c is None:
         raise ValueError("kolo has not been initialized; call init() first")
     return c
+
+
+def process_set_create(ranks: Sequence[int]) -> Optional[Comm]:
+    """A process set of ``ranks`` (ranks of the process's comm, any order):
+    collective over every rank, in the same order as the other collectives,
+    with the same members on every rank. Returns the set's :class:`Comm` on
+    its members (its rank r is the r-th smallest member) and None elsewhere.
+    Ranks that disagree raise :class:`MismatchError` everywhere. A set stops
+    working once the process's comm re-forms: create it again then."""
+    c = _get()
+    try:
+        members = sorted(int(r) for r in ranks)
+    except (TypeError, ValueError):
+        raise ValueError(f"kolo: a process set takes a list of ranks, not {ranks!r}") from None
+    arr = (ctypes.c_int * max(len(members), 1))(*members)
+    out = _lib.c_comm_p()
+    c.check(_lib_().kolo_process_set_create(c.ptr, arr, len(members), ctypes.byref(out)),
+            f"process_set_create({members})")
+    return Comm(out.value, True, members) if out.value else None
+
+
+def process_set_free(comm: Optional[Comm]) -> None:
+    """Frees a set from :func:`process_set_create` (every member calls it;
+    None does nothing). Operations still in flight on it fail."""
+    if comm is None or not comm.ptr or comm is _comm:
+        return
+    orphans = _orphans_take()
+    ptr, comm.ptr = comm.ptr, 0
+    st = _lib_().kolo_process_set_free(ptr)
+    _orphans_release(orphans)
+    if st != 0:
+        raise _error(st, f"process_set_free({comm.ranks}): a member did not take part")
 
 
 def comm_pointer() -> int:
@@ -617,7 +680,7 @@ class Handle:
                 _orphans.append((ptr, self._refs))
 
 
-def op_name(kind: str, name: Optional[str]) -> bytes:
+def op_name(kind: str, name: Optional[str], comm: Optional[Comm] = None) -> bytes:
     """``name`` or, when None, ``"<kind>.noname.<n>"`` with a per-kind
     counter: unnamed operations must be issued in the same order on every
     rank. The counters restart after a re-form."""
@@ -625,7 +688,7 @@ def op_name(kind: str, name: Optional[str]) -> bytes:
         if not isinstance(name, str) or not name:
             raise ValueError(f"kolo: an operation's name must be a non-empty string, not {name!r}")
         return name.encode()
-    c = _get()
+    c = _get(comm)
     with c.name_lock:
         n = c.names.get(kind, 0)
         c.names[kind] = n + 1
@@ -667,9 +730,9 @@ def _on_stream(stream: Optional[int], fn: Callable, *args) -> int:
 
 def _enqueue(fn: str, what: str, args: list, refs: tuple,
              finish: Optional[Callable[[], Any]] = None,
-             stream: Optional[int] = None) -> Handle:
+             stream: Optional[int] = None, comm: Optional[Comm] = None) -> Handle:
     _orphans_reap()
-    c = _get()
+    c = _get(comm)
     h = _lib.c_handle_p()
     st = _on_stream(stream, getattr(_lib_(), fn), c.ptr, *args, None, None, ctypes.byref(h))
     c.check(st, what)
@@ -690,7 +753,8 @@ def _same_kind(a: Buffer, b: Buffer, what: str) -> None:
 
 
 def allreduce_async(send: Any, recv: Any = None, name: Optional[str] = None, op: Any = "sum",
-                    prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+                    prescale: float = 1.0, postscale: float = 1.0,
+                    comm: Optional[Comm] = None) -> Handle:
     """Reduces ``send`` over every rank into ``recv`` (default: in place).
     Every rank calls it with the same name, count, dtype, op and scales; the
     result is ``recv``. Returns a :class:`Handle`."""
@@ -699,16 +763,16 @@ def allreduce_async(send: Any, recv: Any = None, name: Optional[str] = None, op:
     r = s if recv is None or recv is send else buffer(recv, "recv")
     _same_kind(s, r, "allreduce")
     pre, post = _scale(prescale, "prescale"), _scale(postscale, "postscale")
-    nm = op_name("allreduce", name)  # last: a failed check must not use up a name
+    nm = op_name("allreduce", name, comm)  # last: a failed check must not use up a name
     args = [nm, s.ptr, r.ptr, s.count, s.dtype, code, pre, post]
     result = recv if recv is not None else send
     return _enqueue("kolo_allreduce_async", f"allreduce {nm.decode()}", args, (s, r),
-                    lambda: result, _stream(s, r))
+                    lambda: result, _stream(s, r), comm)
 
 
 def grouped_allreduce_async(sends: Sequence[Any], recvs: Optional[Sequence[Any]] = None,
                             name: Optional[str] = None, op: Any = "sum", prescale: float = 1.0,
-                            postscale: float = 1.0) -> Handle:
+                            postscale: float = 1.0, comm: Optional[Comm] = None) -> Handle:
     """Allreduces several buffers of one dtype atomically (negotiated and
     fused together). Names are ``<name>.<i>``. The result is ``recvs``."""
     code = op_code(op)
@@ -723,7 +787,7 @@ def grouped_allreduce_async(sends: Sequence[Any], recvs: Optional[Sequence[Any]]
     if len({b.dtype for b in ss}) != 1:
         raise TypeError("kolo: grouped allreduce: every tensor must have the same dtype")
     pre, post = _scale(prescale, "prescale"), _scale(postscale, "postscale")
-    base = op_name("grouped_allreduce", name).decode()
+    base = op_name("grouped_allreduce", name, comm).decode()
     n = len(ss)
     names = [f"{base}.{i}".encode() for i in range(n)]
     c_names = (ctypes.c_char_p * n)(*names)
@@ -732,7 +796,7 @@ def grouped_allreduce_async(sends: Sequence[Any], recvs: Optional[Sequence[Any]]
     c_counts = (ctypes.c_size_t * n)(*[b.count for b in ss])
     result = list(recvs) if recvs is not None else list(sends)
     _orphans_reap()
-    c = _get()
+    c = _get(comm)
     h = _lib.c_handle_p()
     st = _on_stream(_stream(*ss, *rs), _lib_().kolo_grouped_allreduce_async,
                     c.ptr, n, c_names, c_send, c_recv, c_counts, ss[0].dtype, code, pre, post,
@@ -784,24 +848,26 @@ def _gathered(recv_ptr: ctypes.c_void_p, counts, itemsz: int, alloc: Callable[[i
     return out, list(counts)
 
 
-def allgather_async(send: Any, alloc: Callable[[int], Any], name: Optional[str] = None) -> Handle:
+def allgather_async(send: Any, alloc: Callable[[int], Any], name: Optional[str] = None,
+                    comm: Optional[Comm] = None) -> Handle:
     """Gathers every rank's ``send`` (counts may differ by rank) in rank
     order. ``alloc(n)`` makes the output of n elements of send's dtype.
     The result is ``(output, counts)``."""
     s = buffer(send, "send")
-    n = size()
+    n = _get(comm).size()
     counts = (ctypes.c_size_t * n)()
     recv = ctypes.c_void_p()
-    nm = op_name("allgather", name)
+    nm = op_name("allgather", name, comm)
     isz = itemsize(s.dtype_name)
     dev = s.device is not None
     return _enqueue("kolo_allgather_async", f"allgather {nm.decode()}",
                     [nm, s.ptr, s.count, s.dtype, ctypes.byref(recv), counts],
                     (s, counts, recv), lambda: _gathered(recv, counts, isz, alloc, dev),
-                    s.stream)
+                    s.stream, comm)
 
 
-def allgather_into_async(send: Any, out: Any, name: Optional[str] = None) -> Handle:
+def allgather_into_async(send: Any, out: Any, name: Optional[str] = None,
+                         comm: Optional[Comm] = None) -> Handle:
     """Gathers every rank's ``send`` in rank order into ``out`` (of send's
     dtype and kind of memory), which must hold them all: no allocation and
     no copy. The result is ``(out, counts)``; the elements of ``out`` past the
@@ -809,44 +875,47 @@ def allgather_into_async(send: Any, out: Any, name: Optional[str] = None) -> Han
     s, o = buffer(send, "send"), buffer(out, "output")
     if o.dtype_name != s.dtype_name:
         raise ValueError(f"kolo: allgather: output is {o.dtype_name}, input {s.dtype_name}")
-    counts = (ctypes.c_size_t * size())()
-    nm = op_name("allgather", name)
+    counts = (ctypes.c_size_t * _get(comm).size())()
+    nm = op_name("allgather", name, comm)
     return _enqueue("kolo_allgather_into_async", f"allgather {nm.decode()}",
                     [nm, s.ptr, s.count, s.dtype, o.ptr, o.count, counts], (s, o, counts),
-                    lambda: (out, list(counts)), _stream(s, o))
+                    lambda: (out, list(counts)), _stream(s, o), comm)
 
 
-def broadcast_async(buf: Any, root: int, name: Optional[str] = None) -> Handle:
-    """Broadcasts ``buf`` from rank ``root`` in place; the result is ``buf``."""
+def broadcast_async(buf: Any, root: int, name: Optional[str] = None,
+                    comm: Optional[Comm] = None) -> Handle:
+    """Broadcasts ``buf`` from rank ``root`` (of ``comm``) in place; the
+    result is ``buf``."""
     b = buffer(buf, "tensor")
-    n = size()
+    n = _get(comm).size()
     if not isinstance(root, int) or not 0 <= root < n:
         raise ValueError(f"kolo: broadcast root {root!r} is not a rank of this job (size {n})")
-    nm = op_name("broadcast", name)
+    nm = op_name("broadcast", name, comm)
     return _enqueue("kolo_broadcast_async", f"broadcast {nm.decode()}",
-                    [nm, b.ptr, b.count, b.dtype, root], (b,), lambda: buf, b.stream)
+                    [nm, b.ptr, b.count, b.dtype, root], (b,), lambda: buf, b.stream, comm)
 
 
 def alltoall_async(send: Any, alloc: Callable[[int], Any],
-                   splits: Optional[Sequence[int]] = None, name: Optional[str] = None) -> Handle:
+                   splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
+                   comm: Optional[Comm] = None) -> Handle:
     """Sends ``splits[j]`` elements of ``send`` (in order) to rank j (None:
     equal parts). The result is ``(output, received counts)``."""
     s = buffer(send, "send")
-    c_splits = _splits(s, splits)
-    counts = (ctypes.c_size_t * size())()
+    c_splits = _splits(s, splits, comm)
+    counts = (ctypes.c_size_t * _get(comm).size())()
     recv = ctypes.c_void_p()
-    nm = op_name("alltoall", name)
+    nm = op_name("alltoall", name, comm)
     isz = itemsize(s.dtype_name)
     dev = s.device is not None
     return _enqueue("kolo_alltoall_async", f"alltoall {nm.decode()}",
                     [nm, s.ptr, s.count, c_splits, s.dtype, ctypes.byref(recv), counts],
                     (s, counts, recv, c_splits),
-                    lambda: _gathered(recv, counts, isz, alloc, dev), s.stream)
+                    lambda: _gathered(recv, counts, isz, alloc, dev), s.stream, comm)
 
 
-def _splits(s: Buffer, splits: Optional[Sequence[int]]) -> Any:
+def _splits(s: Buffer, splits: Optional[Sequence[int]], comm: Optional[Comm] = None) -> Any:
     """An alltoall's splits as a C array (None: equal parts), checked."""
-    n = size()
+    n = _get(comm).size()
     c_splits = None
     if splits is not None:
         splits = [int(x) for x in splits]
@@ -861,19 +930,19 @@ def _splits(s: Buffer, splits: Optional[Sequence[int]]) -> Any:
 
 
 def alltoall_into_async(send: Any, out: Any, splits: Optional[Sequence[int]] = None,
-                        name: Optional[str] = None) -> Handle:
+                        name: Optional[str] = None, comm: Optional[Comm] = None) -> Handle:
     """:func:`alltoall_async` straight into ``out`` (of send's dtype and kind
     of memory), which must hold what arrives: no allocation and no copy. The
     result is ``(out, received counts)``."""
     s, o = buffer(send, "send"), buffer(out, "output")
     if o.dtype_name != s.dtype_name:
         raise ValueError(f"kolo: alltoall: output is {o.dtype_name}, input {s.dtype_name}")
-    c_splits = _splits(s, splits)
-    counts = (ctypes.c_size_t * size())()
-    nm = op_name("alltoall", name)
+    c_splits = _splits(s, splits, comm)
+    counts = (ctypes.c_size_t * _get(comm).size())()
+    nm = op_name("alltoall", name, comm)
     return _enqueue("kolo_alltoall_into_async", f"alltoall {nm.decode()}",
                     [nm, s.ptr, s.count, c_splits, s.dtype, o.ptr, o.count, counts],
-                    (s, o, counts, c_splits), lambda: (out, list(counts)), _stream(s, o))
+                    (s, o, counts, c_splits), lambda: (out, list(counts)), _stream(s, o), comm)
 
 
 def reducescatter_count(count: int, n: int, r: int) -> int:
@@ -881,34 +950,36 @@ def reducescatter_count(count: int, n: int, r: int) -> int:
 
 
 def reducescatter_async(send: Any, recv: Any, name: Optional[str] = None, op: Any = "sum",
-                        prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+                        prescale: float = 1.0, postscale: float = 1.0,
+                        comm: Optional[Comm] = None) -> Handle:
     """Reduces ``send`` over the ranks and leaves rank r its block of
     ``reducescatter_count(send elements, size, r)`` elements in ``recv``."""
     code = op_code(op)
     s = buffer(send, "send", reduce=OP_NAMES[code])
     r = buffer(recv, "recv")
-    want = reducescatter_count(s.count, size(), rank())
+    c = _get(comm)
+    want = reducescatter_count(s.count, c.size(), c.rank())
     if r.count != want or r.dtype_name != s.dtype_name:
         raise ValueError(f"kolo: reducescatter output needs {want} {s.dtype_name} elements, "
                          f"has {r.count} {r.dtype_name}")
     pre, post = _scale(prescale, "prescale"), _scale(postscale, "postscale")
-    nm = op_name("reducescatter", name)
+    nm = op_name("reducescatter", name, comm)
     return _enqueue("kolo_reducescatter_async", f"reducescatter {nm.decode()}",
                     [nm, s.ptr, r.ptr, s.count, s.dtype, code, pre, post], (s, r),
-                    lambda: recv, _stream(s, r))
+                    lambda: recv, _stream(s, r), comm)
 
 
-def barrier_async() -> Handle:
+def barrier_async(comm: Optional[Comm] = None) -> Handle:
     _orphans_reap()
-    c = _get()
+    c = _get(comm)
     h = _lib.c_handle_p()
     c.check(_lib_().kolo_barrier_async(c.ptr, None, None, ctypes.byref(h)), "barrier")
     return Handle(h.value, (), None, "barrier")
 
 
-def barrier() -> None:
-    """Returns once every rank has called it."""
-    barrier_async().wait()
+def barrier(comm: Optional[Comm] = None) -> None:
+    """Returns once every rank (of ``comm``) has called it."""
+    barrier_async(comm).wait()
 
 
 # ---- point-to-point ----------------------------------------------------------
@@ -916,50 +987,53 @@ def barrier() -> None:
 ANY_SOURCE = -1
 
 
-def _p2p_args(peer: Optional[int], tag: int, what: str) -> tuple:
-    n = size()
+def _p2p_args(peer: Optional[int], tag: int, what: str, comm: Optional[Comm] = None) -> tuple:
+    c = _get(comm)
+    n = c.size()
     if peer is not None and (not isinstance(peer, int) or not 0 <= peer < n):
         raise ValueError(f"kolo: {what}: rank {peer!r} is not in the job (size {n})")
-    if peer is not None and peer == rank():
+    if peer is not None and peer == c.rank():
         raise ValueError(f"kolo: {what}: rank {peer} is this rank")
     if not isinstance(tag, int) or not -2**31 <= tag < 2**31:
         raise ValueError(f"kolo: {what}: tag {tag!r} is not a 32-bit integer")
     return (ANY_SOURCE if peer is None else peer), tag
 
 
-def send_async(tensor: Any, dst: int, tag: int = 0) -> Handle:
+def send_async(tensor: Any, dst: int, tag: int = 0, comm: Optional[Comm] = None) -> Handle:
     """Sends the bytes of ``tensor`` (host memory) to rank ``dst`` with
     ``tag``. Completes once they are handed to the transport; the tensor must
     stay unchanged until then. Messages from one rank with one tag arrive in
     the order sent."""
     b = buffer(tensor, "send tensor")
-    dst, tag = _p2p_args(dst, tag, "send")
+    dst, tag = _p2p_args(dst, tag, "send", comm)
     return _enqueue("kolo_send_async", f"send to rank {dst} (tag {tag})",
-                    [b.ptr, b.nbytes, dst, tag], (b,))
+                    [b.ptr, b.nbytes, dst, tag], (b,), comm=comm)
 
 
-def recv_async(tensor: Any, src: Optional[int] = None, tag: int = 0) -> Handle:
+def recv_async(tensor: Any, src: Optional[int] = None, tag: int = 0,
+               comm: Optional[Comm] = None) -> Handle:
     """Receives a message of exactly ``tensor``'s size with ``tag`` from rank
     ``src`` (None: from any rank) into ``tensor``. ``wait()`` returns the
     sender's rank. A message of another size raises MismatchError and stays
     for a recv that fits."""
     b = buffer(tensor, "recv tensor")
-    src, tag = _p2p_args(src, tag, "recv")
+    src, tag = _p2p_args(src, tag, "recv", comm)
     source = ctypes.c_int(-1)
     who = "any rank" if src == ANY_SOURCE else f"rank {src}"
     return _enqueue("kolo_recv_async", f"recv from {who} (tag {tag})",
                     [b.ptr, b.nbytes, src, tag, ctypes.byref(source)], (b, source),
-                    lambda: source.value)
+                    lambda: source.value, comm=comm)
 
 
-def send(tensor: Any, dst: int, tag: int = 0) -> None:
+def send(tensor: Any, dst: int, tag: int = 0, comm: Optional[Comm] = None) -> None:
     """:func:`send_async` and wait."""
-    send_async(tensor, dst, tag).wait()
+    send_async(tensor, dst, tag, comm).wait()
 
 
-def recv(tensor: Any, src: Optional[int] = None, tag: int = 0) -> int:
+def recv(tensor: Any, src: Optional[int] = None, tag: int = 0,
+         comm: Optional[Comm] = None) -> int:
     """:func:`recv_async` and wait; returns the sender's rank."""
-    return recv_async(tensor, src, tag).wait()
+    return recv_async(tensor, src, tag, comm).wait()
 
 
 def join() -> int:

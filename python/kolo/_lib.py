@@ -118,6 +118,8 @@ PROTOTYPES = {
         [c_comm_p, c_void_p, P(c_size_t), c_void_p, P(c_size_t), c_dtype],
     ),
     "kolo_barrier": (c_status, [c_comm_p]),
+    "kolo_process_set_create": (c_status, [c_comm_p, P(c_int), c_int, P(c_comm_p)]),
+    "kolo_process_set_free": (c_status, [c_comm_p]),
     "kolo_cuda_set_stream": (c_status, [c_void_p]),
     "kolo_cuda_get_stream": (c_void_p, []),
     # async.h

@@ -255,7 +255,7 @@ def test_unsupported_features_raise():
     m, opt = _model_and_opt()
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd.DistributedOptimizer(opt, op=hvd.Adasum)
-    with pytest.raises(NotImplementedError, match="process set"):
+    with pytest.raises(TypeError, match="ProcessSet"):
         hvd.DistributedOptimizer(opt, process_set=object())
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         hvd.DistributedOptimizer(opt, op=hvd.Sum, gradient_predivide_factor=2.0)

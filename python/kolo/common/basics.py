@@ -1,9 +1,13 @@
 """Init and topology, process sets, the reduction ops, the timeline and the
 build flags: Horovod's ``horovod.common.basics`` for every kolo binding.
 
-kolo has one communicator per process: :data:`global_process_set` is the
-only process set that collectives take; others can be built (scripts build
-them before init) and are refused with ``NotImplementedError`` when used.
+Process sets are Horovod's: :func:`add_process_set` (or ``init(process_sets=
+[...])``) makes one on every rank, in the same order everywhere; each is a kolo
+process set (:func:`kolo.process_set_create`) with its own rings, fusion and
+names, and every collective takes it as ``process_set=``. Sets are always
+dynamic (no ``HOROVOD_DYNAMIC_PROCESS_SETS`` needed). After an elastic re-form
+the sets are gone: :func:`reset_process_sets` (the elastic loop calls it)
+drops them, and the reset callbacks add them again.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import collections.abc
 import os
 import warnings
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import kolo
 
@@ -22,14 +26,13 @@ from . import handles
 
 class ProcessSet:
     """Horovod's process set: a subset of the ranks that runs collectives
-    together. kolo has one communicator per process, so only
-    :data:`global_process_set` can be used; building other sets is allowed
-    (scripts build them before init), using them raises
-    ``NotImplementedError``."""
+    together. Built from a list of ranks; usable once added
+    (:func:`add_process_set`, or ``init(process_sets=...)``)."""
 
     process_set_id: Optional[int] = None
     ranks: Optional[List[int]] = None
     mpi_comm: Any = None
+    comm: Optional[kolo.Comm] = None  # this rank's kolo comm of the set; None outside it
 
     def __init__(self, ranks_or_comm: Union[Sequence[int], Any]):
         if isinstance(ranks_or_comm, collections.abc.Iterable) and \
@@ -46,13 +49,18 @@ class ProcessSet:
         """The number of ranks in the set; None if it is not initialized."""
         if self.process_set_id == 0:
             return kolo.size()
-        return None
+        if self.process_set_id is None or self.ranks is None:
+            return None
+        return len(self.ranks)
 
     def rank(self) -> Optional[int]:
-        """This process's rank in the set; None if it is not initialized."""
+        """This process's rank in the set (-1 outside it); None if it is not
+        initialized."""
         if self.process_set_id == 0:
             return kolo.rank()
-        return None
+        if self.process_set_id is None:
+            return None
+        return self.comm.rank() if self.comm is not None else -1
 
     def included(self) -> Optional[bool]:
         """Whether this process is in the set; None if the set has no ranks
@@ -73,31 +81,87 @@ global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
 
-def process_sets_refused(what: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"kolo does not implement process sets ({what}): every collective runs on the global "
-        f"process set, hvd.global_process_set")
+_sets: Dict[int, ProcessSet] = {}  # the added sets by id
+_next_id = 1
+
+
+def process_set_comm(process_set: Any, what: str) -> Optional[kolo.Comm]:
+    """The kolo comm that an op given ``process_set`` runs on: None for the
+    global set, the set's comm for an added set this rank is in. Raises
+    ValueError for a set that was not added (or was removed, or did not
+    survive a re-form) and for one this rank is not in."""
+    if process_set is global_process_set or (
+            isinstance(process_set, ProcessSet) and process_set.process_set_id == 0):
+        return None
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"kolo: {what}: process_set must be a ProcessSet, not "
+                        f"{type(process_set).__name__}")
+    if _sets.get(process_set.process_set_id) is not process_set:
+        raise ValueError(f"kolo: {what}: {process_set} has not been added (hvd.add_process_set), "
+                         f"or was removed, or was dropped by an elastic re-form")
+    if process_set.comm is None:
+        raise ValueError(f"kolo: {what}: this rank ({kolo.rank()}) is not in {process_set}")
+    return process_set.comm
 
 
 def check_process_set(process_set: Any, what: str) -> None:
-    if process_set is global_process_set or (
-            isinstance(process_set, ProcessSet) and process_set.process_set_id == 0):
-        return
-    raise process_sets_refused(f"{what} was given {process_set}")
+    """For a binding whose ops do not take sets yet (kolo.tensorflow, kolo.keras):
+    the global set passes, any other raises NotImplementedError."""
+    if process_set_comm(process_set, what) is not None:
+        raise NotImplementedError(f"kolo: {what}: this binding runs on the global process set "
+                                  f"only; kolo.torch takes process_set={process_set}")
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
-    """Horovod adds a dynamic process set; kolo raises NotImplementedError."""
-    raise process_sets_refused(f"add_process_set({process_set})")
+    """Adds a process set: every rank calls it with the same ranks, in the
+    same order as its other add/remove calls and collectives. Returns the
+    set, with its id. Ranks that disagree raise kolo.MismatchError on every
+    rank, an invalid list ValueError on every rank (the checks are made
+    together, so no rank is left waiting)."""
+    global _next_id
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"kolo: {ps} has been added already")
+    try:
+        ps.comm = kolo.process_set_create(ps.ranks)
+    except kolo.Error as e:
+        if isinstance(e, kolo.MismatchError) or e.name != "KOLO_EINVAL":
+            raise
+        raise ValueError(str(e)) from None
+    ps.process_set_id = _next_id
+    _next_id += 1
+    _sets[ps.process_set_id] = ps
+    return ps
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Returns False for the global set and for sets that were never added
-    (as Horovod does); kolo has no others."""
+    """Removes an added set (every rank calls it); False for the global set
+    and for sets that were never added, as Horovod does."""
     if not isinstance(process_set, ProcessSet):
         raise TypeError(f"remove_process_set takes a ProcessSet, not "
                         f"{type(process_set).__name__}")
-    return False
+    if process_set.process_set_id in (None, 0) or \
+            _sets.get(process_set.process_set_id) is not process_set:
+        return False
+    del _sets[process_set.process_set_id]
+    comm, process_set.comm = process_set.comm, None
+    process_set.process_set_id = None
+    kolo.process_set_free(comm)
+    return True
+
+
+def reset_process_sets() -> None:
+    """Drops every added set without talking to the other ranks (after a
+    re-form their members are gone); the elastic loop calls it, and the
+    reset callbacks add the sets again."""
+    for ps in list(_sets.values()):
+        comm, ps.comm, ps.process_set_id = ps.comm, None, None
+        if comm is not None:
+            try:
+                kolo.process_set_free(comm)
+            except kolo.Error:
+                pass
+    _sets.clear()
 
 
 def init(comm: Optional[Sequence[int]] = None, process_sets: Any = None) -> None:
@@ -108,11 +172,9 @@ def init(comm: Optional[Sequence[int]] = None, process_sets: Any = None) -> None
     may be None or a list holding only :data:`global_process_set`. Blocks
     until every worker has joined (``KOLO_INIT_TIMEOUT_MS``). Calling it
     again while initialized does nothing."""
-    if process_sets is not None:
-        if isinstance(process_sets, str):
-            raise process_sets_refused(f"init(process_sets={process_sets!r})")
-        if any(ps is not global_process_set for ps in process_sets):
-            raise process_sets_refused(f"init(process_sets={list(process_sets)})")
+    if isinstance(process_sets, str) and process_sets != "dynamic":
+        raise ValueError(f"kolo: init(process_sets={process_sets!r}): give a list of "
+                         f"ProcessSets or \"dynamic\"")
     if comm is not None and not (isinstance(comm, collections.abc.Iterable)
                                  and not isinstance(comm, (str, bytes))):
         raise NotImplementedError("kolo does not use MPI: init(comm=<MPI communicator>) is not "
@@ -121,15 +183,22 @@ def init(comm: Optional[Sequence[int]] = None, process_sets: Any = None) -> None
     kolo.init()
     n = kolo.size()
     if ranks and ranks != list(range(n)):
-        raise process_sets_refused(f"init(comm={ranks}) asks for a subset of the {n} ranks")
+        raise NotImplementedError(
+            f"kolo: init(comm={ranks}) asks for a subset of the {n} ranks as the global set; "
+            f"init() every rank and use hvd.add_process_set({ranks}) for the subset")
     global_process_set.ranks = list(range(n))
     handles.clear()
+    if process_sets is not None and not isinstance(process_sets, str):
+        for ps in process_sets:
+            if ps is not global_process_set and ps.process_set_id is None:
+                add_process_set(ps)
 
 
 def shutdown() -> None:
     """Leaves the job (every rank calls it at the end; it also runs at
     exit). Operations still in flight fail with kolo.ShutdownError."""
     handles.clear()
+    reset_process_sets()
     kolo.shutdown()
 
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 import kolo
 from kolo import _lib
 
-from . import handles, objects
+from . import basics, handles, objects
 
 __all__ = ["HostsUpdatedInterrupt", "State", "ObjectState", "run", "reset_limit",
            "register_reform_hook"]
@@ -306,6 +306,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             # are released once kolo is done with them), and let each
             # binding drop what it keeps of the old round.
             handles.clear()
+            # Sets of the old round are gone with it: the reset callbacks
+            # add them again (docs/elastic.md, "Process sets").
+            basics.reset_process_sets()
             for hook in list(_reform_hooks):
                 hook()
             state.on_reset()

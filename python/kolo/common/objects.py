@@ -35,18 +35,25 @@ def loads(data: bytes) -> Any:
     return pickle.loads(data)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     comm: Optional[kolo.Comm] = None) -> Any:
     """Returns rank ``root_rank``'s ``obj`` on every rank (the others' ``obj``
-    is ignored, and may be None)."""
+    is ignored, and may be None). With ``comm`` (a process set's), over its
+    members; ``root_rank`` stays a rank of the job, as in Horovod."""
     root_rank = util.root(root_rank)
-    name = util.op_name("broadcast_object", name)
-    is_root = kolo.rank() == root_rank
+    if comm is not None:
+        if root_rank not in comm.ranks:
+            raise ValueError(f"kolo: broadcast_object: root_rank {root_rank} is not in the "
+                             f"process set {comm.ranks}")
+        root_rank = comm.ranks.index(root_rank)
+    name = util.op_name("broadcast_object", name, comm)
+    is_root = (comm.rank() if comm is not None else kolo.rank()) == root_rank
     data = dumps(obj) if is_root else b""
     size = (ctypes.c_int64 * 1)(len(data))
-    kolo.broadcast_async(size, root_rank, name + ".sz").wait()
+    kolo.broadcast_async(size, root_rank, name + ".sz", comm=comm).wait()
     buf = (ctypes.c_uint8 * int(size[0])).from_buffer_copy(data) if is_root else \
         (ctypes.c_uint8 * int(size[0]))()
-    kolo.broadcast_async(buf, root_rank, name + ".t").wait()
+    kolo.broadcast_async(buf, root_rank, name + ".t", comm=comm).wait()
     return obj if is_root else loads(bytes(buf))
 
 

@@ -21,10 +21,10 @@ def label(kind: str, name: Optional[str], index: Optional[int] = None) -> str:
     return f"{s} {name!r}" if name else s
 
 
-def op_name(kind: str, name: Optional[str]) -> str:
+def op_name(kind: str, name: Optional[str], comm: Optional[kolo.Comm] = None) -> str:
     """The operation's name (call it after every check has passed: an
-    unnamed op takes the next number of its kind)."""
-    return kolo.op_name(kind, name or None).decode()
+    unnamed op takes the next number of its kind, counted per comm)."""
+    return kolo.op_name(kind, name or None, comm).decode()
 
 
 def root(root_rank: Any) -> int:

@@ -154,8 +154,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     ``name`` or all without one (unnamed calls are numbered in call order).
     The root pickles the object; its size, then its bytes travel
     (kolo.common.objects)."""
-    mpi_ops._check_process_set(process_set, "broadcast_object")
-    return _objects.broadcast_object(obj, root_rank, name)
+    comm = mpi_ops._ps(process_set, "broadcast_object")
+    return _objects.broadcast_object(obj, root_rank, name, comm)
 
 
 def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:

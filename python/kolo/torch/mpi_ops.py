@@ -45,7 +45,7 @@ from kolo.common.basics import (  # noqa: F401
     init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built, shutdown, size,
     start_timeline, stop_timeline)
-from kolo.common.basics import check_process_set as _check_process_set
+from kolo.common.basics import process_set_comm as _ps
 from kolo.common.basics import kolo_op as _kolo_op
 from kolo.common.basics import op_from as _op_from
 from kolo.common.handles import Op as _Op
@@ -59,6 +59,26 @@ from kolo.common.util import op_name as _name, root as _root  # noqa: F401
 from .compression import Compression
 
 # ---- argument checks -------------------------------------------------------
+
+
+def _rank(comm: Optional[kolo.Comm]) -> int:
+    """This rank in ``comm`` (a process set's, or None: the job's)."""
+    return comm.rank() if comm is not None else kolo.rank()
+
+
+def _size(comm: Optional[kolo.Comm]) -> int:
+    return comm.size() if comm is not None else kolo.size()
+
+
+def _set_root(root_rank: Any, comm: Optional[kolo.Comm], what: str) -> int:
+    """A root given as a rank of the job (Horovod's convention, also with a
+    process set) as a rank of ``comm``."""
+    r = _root(root_rank)
+    if comm is None:
+        return r
+    if r not in comm.ranks:
+        raise ValueError(f"kolo: {what}: root_rank {r} is not in the process set {comm.ranks}")
+    return comm.ranks.index(r)
 
 
 def _check(tensor: Any, what: str, reduce: Optional[str] = None) -> kolo.Buffer:
@@ -98,13 +118,14 @@ def _contiguous_like(tensor: torch.Tensor, shape: Optional[Sequence[int]] = None
 
 def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str], op: int,
                      prescale_factor: float, postscale_factor: float, process_set: Any) -> int:
-    _check_process_set(process_set, "allreduce")
+    comm = _ps(process_set, "allreduce")
     kop = _kolo_op(op)
     _check(tensor, _label("allreduce", name), reduce=kop)
     if output is None:
         output = _contiguous_like(tensor)
     h = kolo.allreduce_async(tensor, None if output is tensor else output, name=name or None,
-                             op=kop, prescale=prescale_factor, postscale=postscale_factor)
+                             op=kop, prescale=prescale_factor, postscale=postscale_factor,
+                             comm=comm)
     return _register(_Op([h], lambda res: output, (tensor, output)))
 
 
@@ -180,13 +201,13 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
 def _grouped_allreduce_async(tensors: Any, in_place: bool, name: Optional[str], op: int,
                              prescale_factor: float, postscale_factor: float,
                              process_set: Any) -> int:
-    _check_process_set(process_set, "grouped_allreduce")
+    comm = _ps(process_set, "grouped_allreduce")
     kop = _kolo_op(op)
     tensors = _check_tensors(tensors, "grouped_allreduce", name, reduce=kop)
     outputs = tensors if in_place else [_contiguous_like(t) for t in tensors]
     h = kolo.grouped_allreduce_async(tensors, None if in_place else outputs,
                                      name=name or None, op=kop, prescale=prescale_factor,
-                                     postscale=postscale_factor)
+                                     postscale=postscale_factor, comm=comm)
     result = tuple(outputs)
     return _register(_Op([h], lambda res: result, (tensors, outputs)))
 
@@ -262,7 +283,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: int,
     and values of every rank (so duplicate indices add up). Returns a
     callable that waits and gives the sparse result; Average divides the
     values by size(). Only Sum and Average are defined."""
-    _check_process_set(process_set, "sparse_allreduce_async")
+    comm = _ps(process_set, "sparse_allreduce_async")
     kop = _kolo_op(op)
     if kop not in ("sum", "average"):
         raise ValueError(f"kolo: sparse_allreduce_async sums (op Sum or Average), not {kop}")
@@ -270,10 +291,10 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: int,
         raise TypeError("kolo: sparse_allreduce_async takes a sparse COO torch tensor")
     indices = tensor._indices().transpose(0, 1).contiguous()
     values = tensor._values().contiguous()
-    base = _name("sparse_allreduce", name)
+    base = _name("sparse_allreduce", name, comm)
     h_values = allgather_async(values, name=f"{base}.values", process_set=process_set)
     h_indices = allgather_async(indices, name=f"{base}.indices", process_set=process_set)
-    n, shape = kolo.size(), tensor.size()
+    n, shape = _size(comm), tensor.size()
 
     def handle() -> torch.Tensor:
         vals = synchronize(h_values)
@@ -288,15 +309,16 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: Optional[str], op: int,
 # ---- allgather -------------------------------------------------------------
 
 
-def _start_allgather(tensor: torch.Tensor, base: str) -> _Op:
+def _start_allgather(tensor: torch.Tensor, base: str, comm: Optional[kolo.Comm]) -> _Op:
     """Enqueues the allgather of ``tensor`` (checked) and of its shape; the
     op's result is ``(output, rows of each rank)``. The shapes let every
     rank check that only the first dimension differs."""
     shape = torch.tensor([tensor.dim(), *tensor.shape], dtype=torch.int64)
     h_shape = kolo.allgather_async(shape, lambda k: torch.empty(k, dtype=torch.int64),
-                                   name=f"{base}#shape")
+                                   name=f"{base}#shape", comm=comm)
     h_data = kolo.allgather_async(
-        tensor, lambda k: torch.empty(k, dtype=tensor.dtype, device=tensor.device), name=base)
+        tensor, lambda k: torch.empty(k, dtype=tensor.dtype, device=tensor.device), name=base,
+        comm=comm)
 
     def finish(res):
         (shapes_flat, shape_counts), (flat, _counts) = res
@@ -312,11 +334,11 @@ def _start_allgather(tensor: torch.Tensor, base: str) -> _Op:
 
 def _allgather_op(tensor: torch.Tensor, name: Optional[str], process_set: Any,
                   kind: str = "allgather") -> _Op:
-    _check_process_set(process_set, kind)
+    comm = _ps(process_set, kind)
     what = _label(kind, name)
     _check(tensor, what)
     _check_rows(tensor, what, kind)
-    return _start_allgather(tensor, _name(kind, name))
+    return _start_allgather(tensor, _name(kind, name, comm), comm)
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
@@ -334,7 +356,7 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         out, rows = _allgather_op(tensor, name, process_set).wait()
-        r = kolo.rank()
+        r = _rank(_ps(process_set, "allgather"))
         ctx.offset, ctx.rows, ctx.process_set = sum(rows[:r]), rows[r], process_set
         return out
 
@@ -353,12 +375,12 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None,
 
 
 def _grouped_allgather_op(tensors: Any, name: Optional[str], process_set: Any) -> _Op:
-    _check_process_set(process_set, "grouped_allgather")
+    comm = _ps(process_set, "grouped_allgather")
     tensors = _check_tensors(tensors, "grouped_allgather", name)
     for i, t in enumerate(tensors):
         _check_rows(t, _label("grouped_allgather", name, i), "grouped_allgather")
-    base = _name("grouped_allgather", name)
-    parts = [_start_allgather(t, f"{base}.{i}") for i, t in enumerate(tensors)]
+    base = _name("grouped_allgather", name, comm)
+    parts = [_start_allgather(t, f"{base}.{i}", comm) for i, t in enumerate(tensors)]
     bounds, at = [], 0
     for p in parts:
         bounds.append((at, at + len(p.handles)))
@@ -382,7 +404,7 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
         results = _grouped_allgather_op(list(tensors), name, process_set).wait()
-        r = kolo.rank()
+        r = _rank(_ps(process_set, "grouped_allgather"))
         ctx.spans = [(sum(rows[:r]), rows[r]) for _, rows in results]
         ctx.process_set = process_set
         return tuple(out for out, _ in results)
@@ -409,16 +431,16 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = Non
 
 def _broadcast_async(tensor: torch.Tensor, output: Optional[torch.Tensor], root_rank: Any,
                      name: Optional[str], process_set: Any) -> int:
-    _check_process_set(process_set, "broadcast")
+    comm = _ps(process_set, "broadcast")
     _check(tensor, _label("broadcast", name))
-    root = _root(root_rank)
+    root = _set_root(root_rank, comm, "broadcast")
     if output is None:
-        if kolo.rank() == root:
+        if _rank(comm) == root:
             with torch.no_grad():
                 output = tensor.clone(memory_format=torch.contiguous_format)
         else:
             output = _contiguous_like(tensor)
-    h = kolo.broadcast_async(output, root, name=name or None)
+    h = kolo.broadcast_async(output, root, name=name or None, comm=comm)
     return _register(_Op([h], lambda res: output, (tensor, output)))
 
 
@@ -456,7 +478,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
-        if kolo.rank() != ctx.root_rank:
+        if kolo.rank() != ctx.root_rank:  # root_rank is a rank of the job
             grad = torch.zeros_like(grad)
         return grad, None, None, None
 
@@ -482,11 +504,11 @@ def _split_rows(splits: Any, n: int, rows: int) -> List[int]:
 def _alltoall_op(tensor: torch.Tensor, splits: Any, name: Optional[str],
                  process_set: Any) -> _Op:
     """The op's result is ``(output, rows received from each rank)``."""
-    _check_process_set(process_set, "alltoall")
+    comm = _ps(process_set, "alltoall")
     what = _label("alltoall", name)
     _check(tensor, what)
     _check_rows(tensor, what, "alltoall")
-    n = kolo.size()
+    n = _size(comm)
     d0, trailing = tensor.shape[0], tuple(tensor.shape[1:])
     if splits is None:
         if d0 % n:
@@ -495,7 +517,7 @@ def _alltoall_op(tensor: torch.Tensor, splits: Any, name: Optional[str],
         rows = [d0 // n] * n
     else:
         rows = _split_rows(splits, n, d0)
-    base = _name("alltoall", name)
+    base = _name("alltoall", name, comm)
     row = math.prod(trailing)
     send = tensor if sum(rows) == d0 else tensor.narrow(0, 0, sum(rows))
     # To each rank: the rows it gets and this rank's trailing shape (checked
@@ -503,10 +525,10 @@ def _alltoall_op(tensor: torch.Tensor, splits: Any, name: Optional[str],
     meta = torch.tensor([x for j in range(n) for x in (rows[j], len(trailing), *trailing)],
                         dtype=torch.int64)
     h_meta = kolo.alltoall_async(meta, lambda k: torch.empty(k, dtype=torch.int64),
-                                 name=f"{base}#splits")
+                                 name=f"{base}#splits", comm=comm)
     h_data = kolo.alltoall_async(
         send, lambda k: torch.empty(k, dtype=tensor.dtype, device=tensor.device),
-        splits=[x * row for x in rows], name=base)
+        splits=[x * row for x in rows], name=base, comm=comm)
 
     def finish(res):
         (meta_in, meta_counts), (flat, _counts) = res
@@ -575,13 +597,13 @@ def _reducescatter_op(tensor: torch.Tensor, name: Optional[str], op: int, proces
                       kind: str = "reducescatter", base: Optional[str] = None) -> _Op:
     """Checks and enqueues; ``base`` set means already checked and named."""
     kop = _kolo_op(op)
+    comm = _ps(process_set, kind)
     if base is None:
-        _check_process_set(process_set, kind)
         what = _label(kind, name)
         _check(tensor, what, reduce=kop)
         _check_rows(tensor, what, kind)
-        base = _name(kind, name)
-    n, r = kolo.size(), kolo.rank()
+        base = _name(kind, name, comm)
+    n, r = _size(comm), _rank(comm)
     d0, trailing = tensor.shape[0], tuple(tensor.shape[1:])
     q, extra = divmod(d0, n)
     mine = q + (1 if r < extra else 0)
@@ -602,7 +624,7 @@ def _reducescatter_op(tensor: torch.Tensor, name: Optional[str], op: int, proces
         out = torch.empty((q + 1,) + trailing, dtype=tensor.dtype,
                           device=tensor.device)
     h = kolo.reducescatter_async(send, out, name=base, op=kop, prescale=prescale_factor,
-                                 postscale=postscale_factor)
+                                 postscale=postscale_factor, comm=comm)
     return _Op([h], lambda res: out if out.shape[0] == mine else out.narrow(0, 0, mine),
                (tensor, send, out))
 
@@ -634,7 +656,8 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad = grad_output.contiguous()
-        scale = ctx.scale * (kolo.size() if ctx.op == Sum else 1)
+        scale = ctx.scale * (_size(_ps(ctx.process_set, "reducescatter")) if ctx.op == Sum
+                             else 1)
         if scale != 1:
             grad = grad * scale
         return allgather(grad, process_set=ctx.process_set), None, None, None, None, None
@@ -654,12 +677,12 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None,
 
 def _grouped_reducescatter_op(tensors: Any, name: Optional[str], op: int, process_set: Any,
                               prescale_factor: float, postscale_factor: float) -> _Op:
-    _check_process_set(process_set, "grouped_reducescatter")
+    comm = _ps(process_set, "grouped_reducescatter")
     kop = _kolo_op(op)
     tensors = _check_tensors(tensors, "grouped_reducescatter", name, reduce=kop)
     for i, t in enumerate(tensors):
         _check_rows(t, _label("grouped_reducescatter", name, i), "grouped_reducescatter")
-    base = _name("grouped_reducescatter", name)
+    base = _name("grouped_reducescatter", name, comm)
     parts = [_reducescatter_op(t, None, op, process_set, prescale_factor, postscale_factor,
                                base=f"{base}.{i}") for i, t in enumerate(tensors)]
     return _Op([p.handles[0] for p in parts],
@@ -688,7 +711,8 @@ class _GroupedReducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grad_output):
-        scale = ctx.scale * (kolo.size() if ctx.op == Sum else 1)
+        scale = ctx.scale * (_size(_ps(ctx.process_set, "grouped_reducescatter"))
+                             if ctx.op == Sum else 1)
         grads = [g.contiguous() * scale if scale != 1 else g.contiguous() for g in grad_output]
         return (None,) * 5 + tuple(grouped_allgather(grads, process_set=ctx.process_set))
 
@@ -721,9 +745,8 @@ def join(device: int = -1) -> int:
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Returns once every rank has called it."""
-    _check_process_set(process_set, "barrier")
-    kolo.barrier()
+    """Returns once every rank (of ``process_set``) has called it."""
+    kolo.barrier(_ps(process_set, "barrier"))
 
 
 __all__ = list(_basics.__all__) + [

@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 import kolo
+from kolo.common import basics as _basics
 
 from . import mpi_ops
 from .compression import Compression
@@ -258,7 +259,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         pre, post = self._scales()
         handle = mpi_ops.allreduce_async_(compressed, name=self._parameter_names.get(p),
                                           op=self.op, prescale_factor=pre,
-                                          postscale_factor=post)
+                                          postscale_factor=post, process_set=self.process_set)
         return handle, ctx
 
     def _grouped_allreduce_grad_async(self, ps: tuple):
@@ -268,7 +269,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         handle = mpi_ops.grouped_allreduce_async_(list(compressed),
                                                   name=self._parameter_names.get(ps[0]),
                                                   op=self.op, prescale_factor=pre,
-                                                  postscale_factor=post)
+                                                  postscale_factor=post,
+                                                  process_set=self.process_set)
         return handle, ctxs
 
     def _make_hook(self, p: torch.Tensor):
@@ -460,8 +462,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         sparse_as_dense: sparse gradients are densified for the allreduce
             (and made sparse again); without it a sparse gradient raises
             NotImplementedError.
-        process_set: only the global process set (the default); others raise
-            NotImplementedError.
+        process_set: the ranks that average their gradients (default: every
+            rank); an added ``hvd.ProcessSet`` this rank is in.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"kolo: DistributedOptimizer wraps a torch.optim.Optimizer, not a "
@@ -469,10 +471,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if op == getattr(mpi_ops, "Adasum", object()):
         raise NotImplementedError("kolo: DistributedOptimizer(op=Adasum): kolo has no Adasum "
                                   "reduction; use op=Average (the default) or Sum")
-    if process_set is not None and process_set is not _GLOBAL_PROCESS_SET and \
-            getattr(process_set, "process_set_id", None) != 0:
-        raise NotImplementedError("kolo: DistributedOptimizer(process_set=...): kolo has only "
-                                  "the global process set (every rank of the job)")
+    if process_set is None:
+        process_set = _GLOBAL_PROCESS_SET
+    _basics.process_set_comm(process_set, "DistributedOptimizer")  # added, and this rank in it
     if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if not isinstance(gradient_predivide_factor, (int, float)) or \
@@ -503,6 +504,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     # was not given: the defaults (for add_param_group) and whether step()
     # unscales itself under GradScaler (fused optimizers).
     new.defaults = dict(optimizer.defaults)
+    new.process_set = process_set
     for attr in ("_step_supports_amp_scaling",):
         if attr in vars(optimizer):
             setattr(new, attr, getattr(optimizer, attr))
