@@ -680,6 +680,20 @@ class Handle:
                 _orphans.append((ptr, self._refs))
 
 
+def comm_free(comm: Comm, abort: bool = False) -> None:
+    """Frees a comm from :func:`bootstrap_connect` that is not the process's
+    (a torch subgroup's): the caller has made sure every member is done with
+    it; ``abort`` first after a failure. Operations in flight fail."""
+    if not comm.ptr or comm is _comm:
+        return
+    orphans = _orphans_take()
+    ptr, comm.ptr = comm.ptr, 0
+    if abort:
+        _lib_().kolo_abort(ptr)
+    _lib_().kolo_finalize(ptr)
+    _orphans_release(orphans)
+
+
 def op_name(kind: str, name: Optional[str], comm: Optional[Comm] = None) -> bytes:
     """``name`` or, when None, ``"<kind>.noname.<n>"`` with a per-kind
     counter: unnamed operations must be issued in the same order on every

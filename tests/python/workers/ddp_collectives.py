@@ -184,7 +184,6 @@ def refused():
         "int16": lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)),
         "noncontiguous": lambda: dist.all_reduce(torch.ones(3, 2).t()),
         "bool_sum": lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool)),
-        "subset": lambda: dist.new_group([0]),
     }
     for k, fn in tries.items():
         try:
@@ -200,6 +199,12 @@ def refused():
     z = torch.ones(1)
     dist.all_reduce(z, group=full)
     out["full_new_group"] = [z.item(), dist.get_backend(full)]
+    # A subgroup of the first and last ranks: a kolo comm of its own.
+    sub = dist.new_group([0, size - 1])
+    w = torch.full((1,), float(rank + 1))
+    if rank in (0, size - 1):
+        dist.all_reduce(w, group=sub)
+    out["subgroup"] = w.item()
     return out
 
 

@@ -50,8 +50,9 @@ and torch's functional collectives work on them (the functional operators
 through kolo's own kernels: _functional.py). Point-to-point (send, recv from
 a rank or any source, isend, irecv, batch_isend_irecv) runs on kolo's p2p
 endpoint, and torch.distributed.pipelining on it; monitored_barrier on p2p
-too (_monitored.py). Refused: new_group with a subset of the ranks (kolo has
-one communicator per process; use ``backend="gloo"`` for such a group).
+too (_monitored.py). Subgroups (``new_group(ranks)``, ``new_subgroups``, the
+dimensions of a DeviceMesh, so HSDP) are kolo comms of their members alone,
+connected through the group's store, each with its own rings and fusion.
 
 Error reporting: ``dist.*`` calls get a work object whose ``wait()`` raises
 kolo's own exception (:class:`kolo.MembershipError` when a peer failed, ...).
@@ -59,12 +60,10 @@ C++ callers (DDP's reducer) get a work wrapping a future that fails with a
 RuntimeError carrying kolo's message. After a membership or shutdown
 failure a group refuses new operations with the same error class.
 
-Four torch functions are wrapped (only when this module is imported, and only
+Three torch functions are wrapped (only when this module is imported, and only
 changing what they do for kolo groups): ``destroy_process_group`` also stops
-the kolo groups' completion threads and finalizes a bootstrapped comm;
-``new_group`` refuses a subset of the ranks for the kolo backend on every
-rank alike (instead of failing on the members only, leaving the others
-waiting in torch's store barrier); ``init_process_group`` binds a kolo
+the kolo groups' completion threads, closes subgroups' comms and finalizes a
+bootstrapped comm; ``init_process_group`` binds a kolo
 default group to its ``device_id``; ``monitored_barrier`` runs kolo's own on
 a kolo group, where torch's allows gloo only.
 
@@ -78,7 +77,7 @@ they share).
 from ._common import BACKEND, SCHEME
 from ._elastic import ElasticState, elastic_run
 from ._group import ProcessGroupKolo
-from ._init import destroy_process_group, init, new_group
+from ._init import destroy_process_group, init
 from ._store import KoloStore
 
 __all__ = ["BACKEND", "SCHEME", "KoloStore", "ProcessGroupKolo", "ElasticState", "elastic_run",

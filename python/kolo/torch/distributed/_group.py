@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import queue
 import threading
@@ -26,12 +27,16 @@ log = logging.getLogger("kolo.torch.distributed")
 
 
 class ProcessGroupKolo(dist.ProcessGroup):
-    """A c10d process group over this process's kolo comm. Made by
-    ``init_process_group``/``new_group`` with backend ``"kolo"``; every rank
-    of the job is a member, with kolo's rank and size."""
+    """A c10d process group over a kolo comm. Made by ``init_process_group``/
+    ``new_group`` with backend ``"kolo"``: the process's comm for a group of
+    every rank, or (``comm``) a comm of the group's members alone, connected
+    through the group's store, for a subgroup."""
 
-    def __init__(self, rank: int, size: int, group_id: str, timeout: Any):
+    def __init__(self, rank: int, size: int, group_id: str, timeout: Any,
+                 comm: Optional[kolo.Comm] = None, store: Any = None):
         super().__init__(rank, size)
+        self._comm = comm
+        self._store = store  # a subgroup's: its members' barrier before the comm closes
         self._gid = group_id or "0"
         self._name = self._gid
         self._desc = "undefined"
@@ -43,7 +48,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         self._idle = threading.Condition()
         self._closed: Optional[str] = None
         self._broken: Optional[BaseException] = None
-        self._monitored = MonitoredBarrier(rank, size, self._gid)
+        self._monitored = MonitoredBarrier(rank, size, self._gid, comm)
         self._thread = threading.Thread(target=self._complete, daemon=True,
                                         name=f"kolo-c10d-{self._gid}")
         self._thread.start()
@@ -170,7 +175,26 @@ class ProcessGroupKolo(dist.ProcessGroup):
         self._queue.put(None)
         if drained:
             self._thread.join(5.0)
+        if self._comm is not None:
+            self._free_comm(drained, timeout_s)
         return drained
+
+    def _free_comm(self, drained: bool, timeout_s: float) -> None:
+        """A subgroup's comm closes once every member is done with it (a
+        barrier through the group's store, bounded), or at once after a
+        failure."""
+        comm, self._comm = self._comm, None
+        ok = drained and self._broken is None
+        if ok:
+            # set and wait only: a kolo:// store's add is a collective of
+            # every rank of the job, and only the members get here.
+            try:
+                self._store.set(f"kolo/subgroup/free/{self.rank()}", b"1")
+                self._store.wait([f"kolo/subgroup/free/{r}" for r in range(self.size())],
+                                 datetime.timedelta(seconds=timeout_s))
+            except Exception:  # noqa: BLE001 - the store's host may be gone, or a member
+                ok = False
+        kolo.comm_free(comm, abort=not ok)
 
     # -- collectives --
 
@@ -178,7 +202,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         op = _kolo_op(opts)
         t = _flat(_one(tensors, "allreduce"), "allreduce tensor", op)
         return self._issue("allreduce", tensors,
-                           lambda n: [kolo.allreduce_async(t, name=n, op=op)])
+                           lambda n: [kolo.allreduce_async(t, name=n, op=op, comm=self._comm)])
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         op = _kolo_op(opts)
@@ -188,8 +212,9 @@ class ProcessGroupKolo(dist.ProcessGroup):
 
         def launch(n: str) -> list:
             if len({f.dtype for f in flats}) == 1:
-                return [kolo.grouped_allreduce_async(flats, name=n, op=op)]
-            return [kolo.allreduce_async(f, name=f"{n}.{i}", op=op) for i, f in enumerate(flats)]
+                return [kolo.grouped_allreduce_async(flats, name=n, op=op, comm=self._comm)]
+            return [kolo.allreduce_async(f, name=f"{n}.{i}", op=op, comm=self._comm)
+                    for i, f in enumerate(flats)]
 
         return self._issue("allreduce_coalesced", tensors, launch)
 
@@ -200,7 +225,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         self._check_root(root, "broadcast")
         t = _flat(_one(tensors, "broadcast"), "broadcast tensor")
         return self._issue("broadcast", tensors,
-                           lambda n: [kolo.broadcast_async(t, root, name=n)])
+                           lambda n: [kolo.broadcast_async(t, root, name=n, comm=self._comm)])
 
     def _check_root(self, root: int, what: str) -> None:
         if not 0 <= root < self.size():
@@ -213,7 +238,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         more than its share fails the op in kolo (the output is too small)."""
         if out is None:
             out = torch.empty(self.size() * t.numel(), dtype=t.dtype, device=t.device)
-        return [kolo.allgather_into_async(t, out, name=name)]
+        return [kolo.allgather_into_async(t, out, name=name, comm=self._comm)]
 
     def _counts_equal(self, results: list, per_rank: int, what: str) -> torch.Tensor:
         flat, counts = results[0]
@@ -289,7 +314,8 @@ class ProcessGroupKolo(dist.ProcessGroup):
                              f"needs {n * m} {out.dtype} ({n} blocks of the output's {m})")
         if kolo.reducescatter_count(n * m, n, r) != m:
             raise ValueError(f"kolo: {what}: {n * m} elements do not split into {n} blocks of {m}")
-        return lambda name: [kolo.reducescatter_async(send, out, name=name, op=op)]
+        return lambda name: [kolo.reducescatter_async(send, out, name=name, op=op,
+                                                      comm=self._comm)]
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor],
                        input_tensors: List[List[torch.Tensor]], opts: Any = None) -> Any:
@@ -322,7 +348,8 @@ class ProcessGroupKolo(dist.ProcessGroup):
             out = torch.empty(sum(recv_counts), dtype=send.dtype, device=send.device)
 
         def launch(name: str) -> list:
-            return [kolo.alltoall_into_async(send, out, splits=splits, name=name)]
+            return [kolo.alltoall_into_async(send, out, splits=splits, name=name,
+                                             comm=self._comm)]
 
         def received(results: list) -> torch.Tensor:
             flat, counts = results[0]
@@ -403,7 +430,8 @@ class ProcessGroupKolo(dist.ProcessGroup):
                 t.view(-1).copy_(tmp)
 
         return self._issue("reduce", tensors,
-                           lambda n: [kolo.allreduce_async(tmp, name=n, op=op)], finish)
+                           lambda n: [kolo.allreduce_async(tmp, name=n, op=op,
+                                                           comm=self._comm)], finish)
 
     def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
                opts: Any = None) -> Any:
@@ -460,7 +488,7 @@ class ProcessGroupKolo(dist.ProcessGroup):
         return self._issue("scatter", output_tensors, launch, finish)
 
     def barrier(self, opts: Any = None) -> Any:
-        return self._issue("barrier", [], lambda n: [kolo.barrier_async()])
+        return self._issue("barrier", [], lambda n: [kolo.barrier_async(self._comm)])
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """A barrier that raises on every rank that reached it, naming the
@@ -485,7 +513,8 @@ class ProcessGroupKolo(dist.ProcessGroup):
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> Any:
         t = _flat(_one(tensors, "send"), "send tensor")
         host = t if t.device.type == "cpu" else t.cpu()
-        return self._issue("send", tensors, lambda n: [kolo.send_async(host, dst, tag)])
+        return self._issue("send", tensors,
+                           lambda n: [kolo.send_async(host, dst, tag, comm=self._comm)])
 
     def _recv(self, tensors: List[torch.Tensor], src: int, tag: int) -> tuple:
         t = _flat(_one(tensors, "recv"), "recv tensor")
@@ -495,7 +524,8 @@ class ProcessGroupKolo(dist.ProcessGroup):
             if host is not t:
                 t.copy_(host)
 
-        return (lambda n: [kolo.recv_async(host, None if src < 0 else src, tag)]), finish
+        return (lambda n: [kolo.recv_async(host, None if src < 0 else src, tag,
+                                           comm=self._comm)]), finish
 
     # _issue is called from the methods torch calls (it looks at its caller's caller).
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> Any:

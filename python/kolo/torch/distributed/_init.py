@@ -88,11 +88,9 @@ _exit_hook = False
 FINALIZE_BARRIER_S = 60.0  # longest wait for the other ranks before finalizing
 
 
-def _bootstrap(store: Any, rank: int, size: int, timeout: Any) -> None:
-    """Connects kolo's data plane through the c10d store (every rank)."""
-    global _boot, _boot_count, _exit_hook
-    prefix = f"kolo/bootstrap/{_boot_count}"
-    _boot_count += 1
+def _connect(store: Any, rank: int, size: int, prefix: str, timeout: Any) -> int:
+    """A comm of ``size`` ranks connected through ``store`` (every one of
+    them calls it with the same prefix); its pointer."""
     if rank == 0:
         store.set(f"{prefix}/secret", json.dumps({"job": "torch-" + secrets.token_hex(8),
                                                   "token": secrets.token_hex(32)}))
@@ -108,7 +106,15 @@ def _bootstrap(store: Any, rank: int, size: int, timeout: Any) -> None:
                                     token=secret["token"],
                                     route_to=os.environ.get("MASTER_ADDR", ""),
                                     timeout_ms=_kolo_timeout_ms(timeout))
-    kolo.adopt(ptr)
+    return ptr
+
+
+def _bootstrap(store: Any, rank: int, size: int, timeout: Any) -> None:
+    """Connects kolo's data plane through the c10d store (every rank)."""
+    global _boot, _boot_count, _exit_hook
+    prefix = f"kolo/bootstrap/{_boot_count}"
+    _boot_count += 1
+    kolo.adopt(_connect(store, rank, size, prefix, timeout))
     _boot = _Bootstrap(store, rank, size, prefix, timeout)
     if not _exit_hook:
         _exit_hook = True
@@ -151,13 +157,6 @@ def _finish_bootstrap() -> None:
 # ---- the backend creator ----------------------------------------------------
 
 
-def _subset_error(ranks: Sequence[int], size: int) -> ValueError:
-    return ValueError(
-        f"kolo: a process group of ranks {list(ranks)} of {size}: kolo has one communicator per "
-        f"process, so a kolo group has every rank (new_group() or new_group(ranks=range(world)));"
-        f" make subgroups with backend='gloo'")
-
-
 def _create(opts: Any, pg_options: Any = None) -> ProcessGroupKolo:
     """Backend.register_backend's creator (extended API)."""
     if pg_options is not None:
@@ -168,13 +167,28 @@ def _create(opts: Any, pg_options: Any = None) -> ProcessGroupKolo:
             raise RuntimeError("kolo: the default process group must use kolo before new_group")
         _bootstrap(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     rank, size = kolo.rank(), kolo.size()
-    if ranks and ranks != list(range(size)):
-        raise _subset_error(ranks, size)
+    if ranks and sorted(ranks) != list(range(size)):
+        return _subgroup(opts, ranks)
     if opts.group_size != size or opts.group_rank != rank:
         raise RuntimeError(f"kolo: torch made this process rank {opts.group_rank} of "
                            f"{opts.group_size}, but the kolo comm it joined says rank {rank} of "
                            f"{size}")
-    pg = ProcessGroupKolo(rank, size, str(opts.group_id), opts.timeout)
+    return _track(ProcessGroupKolo(rank, size, str(opts.group_id), opts.timeout))
+
+
+def _subgroup(opts: Any, ranks: List[int]) -> ProcessGroupKolo:
+    """A group of some of the ranks (new_group(ranks), new_subgroups, a
+    DeviceMesh dimension): torch calls the creator on its members only, so
+    their comm is connected through the group's own store, among them
+    alone, with its own rings and fusion (as a kolo process set)."""
+    comm = kolo.Comm(_connect(opts.store, opts.group_rank, opts.group_size, "kolo/subgroup",
+                              opts.timeout), True, list(ranks))
+    pg = ProcessGroupKolo(opts.group_rank, opts.group_size, str(opts.group_id), opts.timeout,
+                          comm=comm, store=opts.store)
+    return _track(pg)
+
+
+def _track(pg: ProcessGroupKolo) -> ProcessGroupKolo:
     with _state.lock:
         _state.groups.append(pg)
         global _groups_hook
@@ -238,18 +252,6 @@ def destroy_process_group(group: Optional[Any] = None) -> None:
         _finish_bootstrap()
 
 
-@functools.wraps(_orig_new_group)
-def new_group(ranks: Optional[Sequence[int]] = None, *args: Any, **kwargs: Any) -> Any:
-    backend = kwargs.get("backend", args[1] if len(args) > 1 else None)
-    if ranks is not None and _c10d.is_initialized():
-        if backend is None:
-            backend = _c10d.get_backend()
-        n = _c10d.get_world_size()
-        if str(backend).lower() == BACKEND and sorted(ranks) != list(range(n)):
-            raise _subset_error(sorted(ranks), n)
-    return _orig_new_group(ranks, *args, **kwargs)
-
-
 def _register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
@@ -265,8 +267,6 @@ def _register() -> None:
     for mod in (_c10d, dist):
         if getattr(mod, "destroy_process_group", None) is _orig_destroy:
             mod.destroy_process_group = destroy_process_group
-        if getattr(mod, "new_group", None) is _orig_new_group:
-            mod.new_group = new_group
         if getattr(mod, "init_process_group", None) is _orig_init:
             mod.init_process_group = init_process_group
         if getattr(mod, "monitored_barrier", None) is _orig_monitored:

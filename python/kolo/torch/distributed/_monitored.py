@@ -38,15 +38,15 @@ def _error(msg: str) -> BaseException:
 class _Mailbox:
     """One posted recv per peer, kept across barriers."""
 
-    def __init__(self, words: int, tag: int):
-        self.words, self.tag = words, tag
+    def __init__(self, words: int, tag: int, comm: Any = None):
+        self.words, self.tag, self.comm = words, tag, comm
         self.posted: Dict[int, tuple] = {}
 
     def next(self, peer: int, left_s: float) -> Any:
         """The next message from peer (a tensor), None when none came in time."""
         if peer not in self.posted:
             buf = torch.zeros(self.words, dtype=torch.int64)
-            self.posted[peer] = (kolo.recv_async(buf, peer, self.tag), buf)
+            self.posted[peer] = (kolo.recv_async(buf, peer, self.tag, comm=self.comm), buf)
         h, buf = self.posted[peer]
         if not h.wait_for(max(left_s, 0.0)):
             return None
@@ -58,13 +58,13 @@ class _Mailbox:
 class MonitoredBarrier:
     """The state of one process group's monitored barriers."""
 
-    def __init__(self, rank: int, size: int, group_id: str):
-        self.rank, self.size = rank, size
+    def __init__(self, rank: int, size: int, group_id: str, comm: Any = None):
+        self.rank, self.size, self.comm = rank, size, comm
         n = int(group_id) if group_id.isdigit() else zlib.crc32(group_id.encode())
         self.tag = TAG - n % 2**20
         self.seq = 0
-        self.tokens = _Mailbox(1, self.tag)  # on rank 0: [barrier number]
-        self.answers = _Mailbox(size + 1, self.tag)  # elsewhere: [number, missing..., -1]
+        self.tokens = _Mailbox(1, self.tag, comm)  # on rank 0: [barrier number]
+        self.answers = _Mailbox(size + 1, self.tag, comm)  # elsewhere: [number, missing..., -1]
 
     def __call__(self, timeout: Any, wait_all_ranks: bool) -> None:
         self.seq += 1
@@ -81,7 +81,7 @@ class MonitoredBarrier:
         msg = torch.full((self.size + 1,), -1, dtype=torch.int64)
         msg[0] = seq
         msg[1:1 + len(missing)] = torch.tensor(missing, dtype=torch.int64)
-        kolo.send_async(msg, peer, self.tag)  # eager; its handle is not waited for
+        kolo.send_async(msg, peer, self.tag, comm=self.comm)  # eager; its handle is not waited for
 
     def _collect(self, deadline: float, seconds: float, wait_all: bool) -> None:
         missing: List[int] = []
@@ -122,7 +122,7 @@ class MonitoredBarrier:
     def _arrive(self, deadline: float, seconds: float) -> None:
         token = torch.tensor([self.seq], dtype=torch.int64)
         try:
-            kolo.send_async(token, 0, self.tag).wait()
+            kolo.send_async(token, 0, self.tag, comm=self.comm).wait()
             while True:
                 ans = self.answers.next(0, deadline - time.monotonic())
                 if ans is None:
