@@ -37,6 +37,8 @@ struct kolo_set_epoch {
 struct view {
 	int32_t status;
 	int32_t n;
+	int32_t seq; /* this rank's count of sets made from the comm, this one included */
+	int32_t pad;
 };
 
 static size_t view_bytes(int size)
@@ -65,7 +67,7 @@ static int cmp_int32(const void *a, const void *b)
 static void view_fill(struct kolo_comm *comm, uint8_t *v, const int *ranks, int n)
 {
 	const int size = comm->assignment.size;
-	struct view h = {.status = 0, .n = n};
+	struct view h = {.status = 0, .n = n, .seq = comm->sets_made + 1};
 	int32_t *r = view_ranks(v);
 	if (!ranks || n < 1 || n > size) {
 		h.status = 1;
@@ -161,8 +163,8 @@ static kolo_status_t join(struct kolo_comm *comm, const int32_t *members, int n,
 	}
 	if (slot >= 0) {
 		char job[KOLO_RDZV_ID_MAX];
-		snprintf(job, sizeof(job), "%.*s/set%d.%" PRIu64, KOLO_RDZV_ID_MAX - 48, comm->job,
-		         comm->sets_made, (uint64_t)atomic_load(&comm->epoch->gen));
+		snprintf(job, sizeof(job), "%.*s/set%" PRId64 ".%d", KOLO_RDZV_ID_MAX - 48,
+		         comm->job, comm->assignment.round, comm->sets_made);
 		struct kolo_bootstrap_config cfg = {.rank = slot,
 		                                    .size = n,
 		                                    .job = job,
@@ -246,7 +248,13 @@ KOLO_API kolo_status_t kolo_process_set_create(kolo_comm_t *comm, const int *ran
 	if (st == KOLO_OK)
 		st = views_agree(comm, all, vb);
 	if (st == KOLO_OK) {
-		comm->sets_made++;
+		/* The set's number, the same on every rank: a rank that joined
+		 * the job later has made fewer sets. */
+		for (int q = 0; q < size; q++) {
+			struct view h;
+			memcpy(&h, all + (size_t)q * vb, sizeof(h));
+			comm->sets_made = KOLO_MAX(comm->sets_made, h.seq);
+		}
 		const int32_t *members = view_ranks(mine);
 		int slot = -1;
 		for (int i = 0; i < n; i++)

@@ -407,6 +407,12 @@ def test_sigkill_mid_run(tmp_path):
         for e in done:
             assert len(job.of("restore", e["pid"])) == 1, "a survivor did not restore once"
             assert _resets(job, e["pid"]) == [(3, 8)]
+            # The even ranks' process set, used every step, was made again
+            # for the new size; the old round's set refused its op.
+            sets = e["sets"]
+            assert sets["bad"] == [] and sets["ranks"] == [0, 2], sets
+            assert sets["stale"] and set(sets["stale"]) == {"raised"}, sets
+            assert sets["checks"] > 0 or e["rank"] % 2, sets
 
 
 def test_sigterm_leaves_gracefully(tmp_path):

@@ -24,7 +24,10 @@ that the test acts on them:
   {"ev": "restore"} / {"ev": "reset", "size", "rank", "step"}  ("step": this
       worker's step when the callback runs, before the sync)
   {"ev": "left"}                                   this worker left (exit 0)
-  {"ev": "done", "params", "epochs", "loss", ...}  the end
+  {"ev": "done", "params", "epochs", "loss", "sets", ...}  the end; "sets": the
+      process set of the even ranks (made at the start and again by a reset
+      callback) checked by an allreduce in every step, and whether an op on
+      the set of the round before a re-form raised
 "epochs" holds, for every epoch, how many times each sample index was in a
 real (not padding) batch of some rank, counted with an allreduce into the
 committed state: exactly once each when nothing was lost or applied twice.
@@ -95,9 +98,27 @@ def main():
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, sampler=sampler)
     state = Reporting(model, opt, sampler=sampler, epoch=0, step=0, counts=[0] * SAMPLES,
                       epochs=[])
+    sets = {"set": None, "checks": 0, "bad": [], "stale": []}
+
+    def add_even_set():
+        """A process set of the even ranks: made at the start and, as
+        Horovod's programs do, again after every re-form; an op on the old
+        one must be refused."""
+        old = sets["set"]
+        if old is not None:
+            try:
+                hvd.allreduce(torch.ones(1), process_set=old)
+                sets["stale"].append("no error")
+            except ValueError as e:
+                sets["stale"].append("raised" if "not been added" in str(e) else str(e))
+        if hvd.size() > 1:
+            sets["set"] = hvd.add_process_set(list(range(0, hvd.size(), 2)))
+
+    add_even_set()
     state.register_reset_callbacks([lambda: report({"ev": "reset", "size": hvd.size(),
                                                     "rank": hvd.rank(), "pid": os.getpid(),
-                                                    "step": state.step})])
+                                                    "step": state.step}),
+                                    add_even_set])
     stepped = []
 
     def wait_for_size(state, k, announce=False):
@@ -143,6 +164,13 @@ def main():
                     if pos < len(sampler.remaining_indices):
                         cnt[i] += 1
                 hvd.allreduce_(cnt, op=hvd.Sum, name="elastic_test.counts")
+                ps = sets["set"]
+                if ps is not None and ps.included():
+                    got = hvd.allreduce(torch.full((1,), float(hvd.rank())), op=hvd.Sum,
+                                        name="elastic_test.set", process_set=ps).item()
+                    sets["checks"] += 1
+                    if got != sum(ps.ranks):
+                        sets["bad"].append([state.step, got, ps.ranks])
                 state.counts = [a + c for a, c in zip(state.counts, cnt.tolist())]
                 sampler.record_batch(b, BATCH)
                 state.step += 1
@@ -162,7 +190,9 @@ def main():
         loss = float(torch.nn.functional.mse_loss(model(data.x), data.y))
     report({"ev": "done", "pid": os.getpid(), "rank": hvd.rank(), "size": hvd.size(),
             "params": params(model),
-            "epochs": state.epochs, "loss": loss, "step": state.step})
+            "epochs": state.epochs, "loss": loss, "step": state.step,
+            "sets": {"checks": sets["checks"], "bad": sets["bad"], "stale": sets["stale"],
+                     "ranks": sets["set"].ranks if sets["set"] else None}})
     hvd.shutdown()
 
 
