@@ -92,6 +92,8 @@ KOLO_API kolo_status_t kolo_dtype_parse(const char *name, kolo_dtype_t *out)
 
 KOLO_API const char *kolo_op_name(kolo_op_t op)
 {
+	if (op == KOLO_ADASUM)
+		return "adasum";
 	return (unsigned)op < KOLO_OP_COUNT ? ops[op] : "invalid";
 }
 
@@ -104,6 +106,10 @@ KOLO_API kolo_status_t kolo_op_parse(const char *name, kolo_op_t *out)
 			*out = (kolo_op_t)i;
 			return KOLO_OK;
 		}
+	}
+	if (strcmp(name, "adasum") == 0) {
+		*out = KOLO_ADASUM;
+		return KOLO_OK;
 	}
 	if (strcmp(name, "avg") == 0 || strcmp(name, "mean") == 0) {
 		*out = KOLO_AVERAGE;

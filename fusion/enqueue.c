@@ -45,7 +45,7 @@ static kolo_status_t describe(const struct kolo_engine_op *op, struct fusion_par
 	bool reducing = op->kind == KOLO_FK_ALLREDUCE || op->kind == KOLO_FK_GROUP ||
 	                op->kind == KOLO_FK_REDUCESCATTER;
 	if (reducing) {
-		assert((unsigned)op->op < KOLO_OP_COUNT);
+		assert((unsigned)op->op < KOLO_OP_COUNT || op->op == KOLO_ADASUM);
 		assert(isfinite(op->prescale) && isfinite(op->postscale));
 	} else {
 		p->op = 0;

@@ -556,10 +556,11 @@ static kolo_status_t run_batch(struct kolo_engine *e, struct fused_item **b, siz
 	for (size_t i = 0; i < nb; i++)
 		packed += b[i]->direct ? 0 : b[i]->bytes;
 	kolo_metrics_fusion_batch(nent, total, packed, e->threshold);
-	if (nent > 1 && packed < total &&
+	if (nent > 1 && packed < total && b[0]->r->p.op != KOLO_ADASUM &&
 	    packed <= block_bytes(e, kolo_dtype_size(b[0]->r->p.dtype)))
 		return run_pieces(e, b, nb, nent, tl, msg, len);
-	if (nent == 1 || e->threshold == 0 || packed > e->threshold)
+	/* Adasum's dot products are per tensor (a group's members included). */
+	if (nent == 1 || e->threshold == 0 || packed > e->threshold || b[0]->r->p.op == KOLO_ADASUM)
 		return run_unfused(e, b, nb, tl, msg, len);
 	if (total == 0)
 		return KOLO_OK;

@@ -3,8 +3,9 @@
 
 static bool same_key(const struct fusion_item *a, const struct fusion_item *b)
 {
-	return a->dtype == b->dtype && a->op == b->op && a->prescale == b->prescale &&
-	       a->postscale == b->postscale && a->device == b->device;
+	/* Adasum's dot products are per tensor: such a tensor goes alone. */
+	return a->op != KOLO_ADASUM && a->dtype == b->dtype && a->op == b->op &&
+	       a->prescale == b->prescale && a->postscale == b->postscale && a->device == b->device;
 }
 
 size_t fusion_plan(const struct fusion_item *items, size_t n, uint64_t threshold, size_t *batch_of)

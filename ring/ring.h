@@ -31,6 +31,12 @@ void kolo_reduce(void *dst, const void *src, size_t count, kolo_dtype_t dtype, k
  * of the buffers may overlap. */
 void kolo_reduce3(void *dst, const void *a, const void *b, size_t count, kolo_dtype_t dtype,
                   kolo_op_t op);
+/* Adasum's pairwise combination (ring_adasum.c): dst <- (1 - a.b/2|a|^2) a +
+ * (1 - a.b/2|b|^2) b over count elements, sums in float64; a coefficient is
+ * 1 where its vector's squared norm is below 1e-8. dst may be a or b. */
+void kolo_adasum_combine(void *dst, const void *a, const void *b, size_t count, kolo_dtype_t dtype);
+/* The dtypes Adasum reduces: the floating-point ones. */
+bool kolo_adasum_dtype(kolo_dtype_t dtype);
 /* Tests and benchmarks: true makes kolo_reduce use only the portable kernels
  * even where the CPU has faster instructions (float16: F16C). */
 void kolo_reduce_force_portable(bool on);

@@ -100,11 +100,29 @@ static kolo_status_t allreduce_direct(struct kolo_ring_comm *rc, char *buf, size
 	return KOLO_OK;
 }
 
+static kolo_status_t allreduce_adasum(struct kolo_ring_comm *rc, const void *sendbuf, void *recvbuf,
+                                      size_t count, kolo_dtype_t dtype, double prescale,
+                                      double postscale)
+{
+	if (!kolo_adasum_dtype(dtype))
+		return ring_bad_arg(rc, "adasum of %s", kolo_dtype_name(dtype));
+	if (count == 0)
+		return KOLO_OK;
+	kolo_scale(recvbuf, sendbuf, count, dtype, prescale);
+	if (rc->size > 1)
+		KOLO_CHECK(ring_adasum(rc, recvbuf, count, dtype));
+	if (postscale != 1.0)
+		kolo_scale(recvbuf, recvbuf, count, dtype, postscale);
+	return KOLO_OK;
+}
+
 kolo_status_t kolo_ring_allreduce(struct kolo_ring_comm *rc, const void *sendbuf, void *recvbuf,
                                   size_t count, kolo_dtype_t dtype, kolo_op_t op, double prescale,
                                   double postscale)
 {
 	KOLO_CHECK(ring_enter(rc, "allreduce", dtype));
+	if (op == KOLO_ADASUM)
+		return allreduce_adasum(rc, sendbuf, recvbuf, count, dtype, prescale, postscale);
 	if ((unsigned)op >= KOLO_OP_COUNT)
 		return ring_bad_arg(rc, "invalid op %d", (int)op);
 	const int n = rc->size;
@@ -155,7 +173,7 @@ kolo_status_t kolo_ring_allreduce_pieces(struct kolo_ring_comm *rc,
                                          double postscale)
 {
 	KOLO_CHECK(ring_enter(rc, "allreduce", dtype));
-	if ((unsigned)op >= KOLO_OP_COUNT)
+	if ((unsigned)op >= KOLO_OP_COUNT && op != KOLO_ADASUM)
 		return ring_bad_arg(rc, "invalid op %d", (int)op);
 	const size_t es = kolo_dtype_size(dtype);
 	size_t total = 0, nonempty = 0;
@@ -163,8 +181,9 @@ kolo_status_t kolo_ring_allreduce_pieces(struct kolo_ring_comm *rc,
 		total += pieces[i].count;
 		nonempty += pieces[i].count > 0;
 	}
-	/* One piece, or an algorithm other than the flat ring: one by one. */
-	if (nonempty <= 1 || rc->size == 1 ||
+	/* One piece, or an algorithm other than the flat ring, or Adasum (each
+	 * tensor its own dot products): one by one. */
+	if (nonempty <= 1 || rc->size == 1 || op == KOLO_ADASUM ||
 	    kolo_ring_allreduce_algo(rc, total * es) != KOLO_RING_ALGO_RING) {
 		for (size_t i = 0; i < n; i++)
 			if (pieces[i].count)

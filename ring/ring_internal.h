@@ -145,6 +145,9 @@ kolo_status_t ring_test_sends(struct kolo_ring_comm *rc, struct kolo_req **sreq,
  * timeout names the first peer still waited for. */
 kolo_status_t ring_wait_all(struct kolo_ring_comm *rc, struct kolo_req **reqs, const int *peers,
                             int n);
+/* buf (count elements, prescaled) <- the Adasum of every rank's buf over the
+ * recursive-doubling tree (ring_adasum.c). */
+kolo_status_t ring_adasum(struct kolo_ring_comm *rc, char *buf, size_t count, kolo_dtype_t dtype);
 /* Sends sbuf (when not NULL) to and receives into rbuf (when not NULL) from
  * peer, and waits for both. */
 kolo_status_t ring_exchange(struct kolo_ring_comm *rc, int peer, const void *sbuf, size_t slen,

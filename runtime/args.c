@@ -6,6 +6,7 @@
 #include "runtime.h"
 
 #include "gpu.h"
+#include "ring.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -44,13 +45,23 @@ kolo_status_t kolo_args_dtype(struct kolo_comm *comm, const char *coll, kolo_dty
 	return KOLO_OK;
 }
 
-/* Every op is defined on every dtype (ring/reduce.c has a kernel for each
- * pair; AVERAGE on integers rounds like any integer scaling), so there is no
- * op/dtype rule to check beyond the op's range. */
-static kolo_status_t check_op(struct kolo_comm *comm, const char *coll, kolo_op_t op)
+/* Every element-wise op is defined on every dtype (ring/reduce.c has a
+ * kernel for each pair; AVERAGE on integers rounds like any integer
+ * scaling). Adasum: allreduces of floating-point host memory only. */
+static kolo_status_t check_op(struct kolo_comm *comm, const char *coll, kolo_op_t op,
+                              kolo_dtype_t dtype, bool adasum_ok)
 {
+	if (op == KOLO_ADASUM && adasum_ok) {
+		if (!kolo_adasum_dtype(dtype))
+			return kolo_args_fail(comm, coll,
+			                      "adasum takes float16, bfloat16, float32 or float64, "
+			                      "not %s",
+			                      kolo_dtype_name(dtype));
+		return KOLO_OK;
+	}
 	if ((unsigned)op >= KOLO_OP_COUNT)
-		return kolo_args_fail(comm, coll, "invalid op %d", (int)op);
+		return kolo_args_fail(comm, coll, "invalid op %d%s", (int)op,
+		                      op == KOLO_ADASUM ? " (adasum is for allreduce only)" : "");
 	return KOLO_OK;
 }
 
@@ -181,6 +192,22 @@ kolo_status_t kolo_args_name(struct kolo_comm *comm, const char *coll, const cha
 
 /* ---- one function per collective: the checks both paths share ---------- */
 
+/* Adasum runs on the host: device buffers are refused (the checks before
+ * counted them, kolo_args_mem_device). */
+static kolo_status_t adasum_host(struct kolo_comm *comm, const char *coll, const void *sendbuf,
+                                 const void *recvbuf, size_t count)
+{
+	if (count && kolo_gpu_maybe_device() &&
+	    (kolo_mem_kind(sendbuf) != KOLO_MEM_HOST || kolo_mem_kind(recvbuf) != KOLO_MEM_HOST)) {
+		kolo_comm_fail(comm, KOLO_EUNSUPPORTED,
+		               "%s: adasum reduces host memory only; this buffer is CUDA device "
+		               "memory",
+		               coll);
+		return KOLO_EUNSUPPORTED;
+	}
+	return KOLO_OK;
+}
+
 /* What every reduction checks: comm, dtype, op, scales, the byte count of
  * count elements and the send buffer. */
 static kolo_status_t check_reduction(struct kolo_comm *comm, const char *coll, const void *sendbuf,
@@ -189,7 +216,7 @@ static kolo_status_t check_reduction(struct kolo_comm *comm, const char *coll, c
 {
 	KOLO_CHECK(kolo_args_comm(comm, coll));
 	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
-	KOLO_CHECK(check_op(comm, coll, op));
+	KOLO_CHECK(check_op(comm, coll, op, dtype, strcmp(coll, "allreduce") == 0));
 	KOLO_CHECK(check_scales(comm, coll, prescale, postscale));
 	KOLO_CHECK(kolo_args_elements(comm, coll, count, 1, dtype, NULL));
 	return kolo_args_buf(comm, coll, "sendbuf", sendbuf, count);
@@ -201,7 +228,8 @@ kolo_status_t kolo_args_allreduce(struct kolo_comm *comm, const void *sendbuf, c
 {
 	static const char coll[] = "allreduce";
 	KOLO_CHECK(check_reduction(comm, coll, sendbuf, count, dtype, op, prescale, postscale));
-	return kolo_args_buf(comm, coll, "recvbuf", recvbuf, count);
+	KOLO_CHECK(kolo_args_buf(comm, coll, "recvbuf", recvbuf, count));
+	return op == KOLO_ADASUM ? adasum_host(comm, coll, sendbuf, recvbuf, count) : KOLO_OK;
 }
 
 kolo_status_t kolo_args_reducescatter(struct kolo_comm *comm, const void *sendbuf,
@@ -268,7 +296,7 @@ kolo_status_t kolo_args_grouped_allreduce(struct kolo_comm *comm, int n, const c
 	static const char coll[] = "grouped allreduce";
 	KOLO_CHECK(kolo_args_comm(comm, coll));
 	KOLO_CHECK(kolo_args_dtype(comm, coll, dtype));
-	KOLO_CHECK(check_op(comm, coll, op));
+	KOLO_CHECK(check_op(comm, coll, op, dtype, true));
 	KOLO_CHECK(check_scales(comm, coll, prescale, postscale));
 	if (n < 1)
 		return kolo_args_fail(comm, coll, "n is %d; a group needs at least one tensor", n);
@@ -296,6 +324,8 @@ kolo_status_t kolo_args_grouped_allreduce(struct kolo_comm *comm, int n, const c
 		KOLO_CHECK(kolo_args_buf(comm, coll, what, sendbufs[i], counts[i]));
 		snprintf(what, sizeof(what), "recvbufs[%d]", i);
 		KOLO_CHECK(kolo_args_buf(comm, coll, what, recvbufs[i], counts[i]));
+		if (op == KOLO_ADASUM)
+			KOLO_CHECK(adasum_host(comm, coll, sendbufs[i], recvbufs[i], counts[i]));
 	}
 	return KOLO_OK;
 }

@@ -76,7 +76,13 @@ typedef enum kolo_op {
 	KOLO_MIN = 2,
 	KOLO_MAX = 3,
 	KOLO_PRODUCT = 4,
-	KOLO_OP_COUNT
+	KOLO_OP_COUNT, /* the element-wise ops above */
+	/* Adasum (allreduce and grouped allreduce only, floating-point dtypes,
+	 * host memory): each tensor's vectors combine pairwise over a tree as
+	 * (1 - a.b/2|a|^2) a + (1 - a.b/2|b|^2) b, dot products and norms in
+	 * float64 (docs/collectives.md, "Adasum"). Not an element-wise op: the
+	 * fusion engine never fuses two tensors under it. */
+	KOLO_ADASUM = 8
 } kolo_op_t;
 
 /* Size of one element in bytes; 0 for an invalid dtype. */

@@ -273,6 +273,8 @@ def buffer(obj: Any, name: str = "tensor", reduce: Optional[str] = None) -> Buff
         raise TypeError(f"kolo: {name} is a {type(obj).__name__}; kolo takes numpy arrays, "
                         f"torch tensors, objects with __cuda_array_interface__ and ctypes "
                         f"arrays")
+    if reduce == "adasum" and dt not in ("float16", "bfloat16", "float32", "float64"):
+        raise TypeError(f"kolo: {name} is {dt}; adasum reduces floating-point tensors only")
     if dt == "bool" and reduce in ("sum", "average", "product"):
         raise TypeError(f"kolo: {name} is boolean; {reduce} is not defined for it (use min "
                         f"or max, or convert it)")
@@ -286,7 +288,7 @@ def op_code(op: Any) -> int:
             return _lib.OPS[op.lower()]
         except KeyError:
             raise ValueError(f"kolo: unknown op {op!r} (use one of {', '.join(_lib.OPS)})")
-    if isinstance(op, int) and 0 <= op < len(_lib.OPS):
+    if isinstance(op, int) and op in _lib.OPS.values():
         return op
     raise ValueError(f"kolo: unknown op {op!r}")
 

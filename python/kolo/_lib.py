@@ -56,7 +56,7 @@ DTYPES = {
     "float32": 6,
     "float64": 7,
 }
-OPS = {"sum": 0, "average": 1, "min": 2, "max": 3, "product": 4}
+OPS = {"sum": 0, "average": 1, "min": 2, "max": 3, "product": 4, "adasum": 8}
 
 BOOTSTRAP_CARD_SIZE = 256  # KOLO_BOOTSTRAP_CARD_SIZE
 BOOTSTRAP_HOST_MAX = 256  # KOLO_BOOTSTRAP_HOST_MAX

@@ -253,8 +253,8 @@ def test_incomplete_names_raise():
 def test_unsupported_features_raise():
     import kolo.torch as hvd
     m, opt = _model_and_opt()
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.DistributedOptimizer(opt, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="Adasum"):
+        hvd.DistributedOptimizer(opt, op=hvd.Adasum, groups=2)
     with pytest.raises(TypeError, match="ProcessSet"):
         hvd.DistributedOptimizer(opt, process_set=object())
     with pytest.raises(ValueError, match="gradient_predivide_factor"):

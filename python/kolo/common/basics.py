@@ -326,7 +326,8 @@ Min = 3
 Max = 4
 Product = 5
 
-KOLO_OP = {Average: "average", Sum: "sum", Min: "min", Max: "max", Product: "product"}
+KOLO_OP = {Average: "average", Sum: "sum", Adasum: "adasum", Min: "min", Max: "max",
+           Product: "product"}
 
 
 def op_from(op: Any, average: Optional[bool]) -> int:
@@ -344,9 +345,6 @@ def op_from(op: Any, average: Optional[bool]) -> int:
 
 
 def kolo_op(op: Any) -> str:
-    if isinstance(op, int) and not isinstance(op, bool) and op == Adasum:
-        raise NotImplementedError(
-            "kolo does not implement Adasum (op=Adasum); use op=Average or op=Sum")
     try:
         return KOLO_OP[op]
     except (KeyError, TypeError):

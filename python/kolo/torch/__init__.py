@@ -6,9 +6,8 @@ A Horovod training script runs with one changed line::
 
 Same names, arguments and semantics: ``init``, ``rank``/``size``, the
 collectives (named, asynchronous, fused by kolo's engine), the broadcast
-helpers, ``DistributedOptimizer`` and ``hvd.elastic``. What kolo lacks is
-refused loudly (``Adasum``, process sets other than the global one). See
-docs/python.md.
+helpers, ``DistributedOptimizer``, process sets, ``Adasum`` and
+``hvd.elastic``. What kolo lacks is refused loudly. See docs/python.md.
 """
 
 from kolo import MembershipError as HorovodInternalError  # noqa: F401

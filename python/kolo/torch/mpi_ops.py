@@ -22,8 +22,8 @@ Every function keeps Horovod 0.28's name, arguments and semantics:
   dtype, a sparse tensor or one on another device type a ``TypeError``;
   both raised before anything is enqueued.
 
-What kolo lacks is refused with ``NotImplementedError``: ``Adasum``, process
-sets other than the global one. What it adds: bfloat16, ``Compression.bf16``,
+Process sets (``process_set=``) and ``op=Adasum`` work as in Horovod
+(docs/process-sets.md, docs/collectives.md). What it adds: bfloat16, ``Compression.bf16``,
 Min/Max/Product for reducescatter. Failures of the job raise ``kolo`` errors:
 :class:`kolo.MembershipError` (Horovod's ``HorovodInternalError``),
 :class:`kolo.MismatchError`, :class:`kolo.ShutdownError`.
@@ -597,6 +597,9 @@ def _reducescatter_op(tensor: torch.Tensor, name: Optional[str], op: int, proces
                       kind: str = "reducescatter", base: Optional[str] = None) -> _Op:
     """Checks and enqueues; ``base`` set means already checked and named."""
     kop = _kolo_op(op)
+    if kop == "adasum":
+        raise ValueError(f"kolo: {kind}: Adasum is an allreduce; reducescatter takes Sum, "
+                         f"Average, Min, Max or Product")
     comm = _ps(process_set, kind)
     if base is None:
         what = _label(kind, name)

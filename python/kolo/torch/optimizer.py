@@ -152,7 +152,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._p_to_group: Dict[torch.Tensor, tuple] = {}
         self._group_counts: Dict[tuple, int] = {}
 
-        if mpi_ops.size() > 1 or _elastic_job():
+        # Adasum reduces the step's parameter deltas in step(), not the
+        # gradients as they come (Horovod's _DistributedAdasumOptimizer).
+        if op != mpi_ops.Adasum and (mpi_ops.size() > 1 or _elastic_job()):
             self._register_hooks()
         _live.add(self)
 
@@ -317,7 +319,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         With ``groups``, a group whose allreduce has not started (a member
         got no gradient, or fewer backward passes than configured) is
         reduced as a group too, so that its names match those of the ranks
-        where it started from the hooks."""
+        where it started from the hooks. With ``op=Adasum`` there is nothing
+        to synchronize: ``step()`` reduces the parameters' changes."""
+        if self.op == mpi_ops.Adasum:
+            self._synchronized = True
+            return
         if self._groups is not None:
             for group in self._group_counts:
                 if group in self._handles:
@@ -360,6 +366,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles.clear()
         self._synchronized = True
 
+    def _adasum_step(self, base_step, closure, kwargs):
+        """Horovod's Adasum optimizer: the wrapped optimizer's step on this
+        rank's own gradients, then each parameter's change in that step is
+        replaced by the Adasum of every rank's change (one allreduce per
+        parameter, so the dot products are per parameter, in name order)."""
+        params = sorted((p for g in self.param_groups for p in g["params"] if p.requires_grad),
+                        key=lambda q: self._parameter_names.get(q, ""))
+        with torch.no_grad():
+            starts = [p.detach().clone() for p in params]
+        result = base_step(self, closure, **kwargs)
+        with torch.no_grad():
+            pending = []
+            for p, start in zip(params, starts):
+                delta, ctx = self._compression.compress((p.detach() - start).contiguous())
+                name = self._parameter_names.get(p)
+                pending.append((p, start, ctx, mpi_ops.allreduce_async_(
+                    delta, name=f"adasum.{name}" if name else None, op=mpi_ops.Adasum,
+                    process_set=self.process_set)))
+            for p, start, ctx, handle in pending:
+                delta = self._compression.decompress(mpi_ops.synchronize(handle), ctx)
+                p.copy_(start + delta)
+        return result
+
     @staticmethod
     def _set_grad(p: torch.Tensor, value: torch.Tensor) -> None:
         if p.grad.is_sparse:
@@ -392,6 +421,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         wrapped optimizer's step. Every rank calls it. Keyword arguments go
         to the wrapped step (``GradScaler`` passes some to optimizers that
         set ``_step_supports_amp_scaling``)."""
+        base_step = self._kolo_base.step
+        if getattr(base_step, "hooked", False) and hasattr(base_step, "__wrapped__"):
+            base_step = base_step.__wrapped__
+        if self.op == mpi_ops.Adasum:
+            return self._adasum_step(base_step, closure, kwargs)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
@@ -402,11 +436,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         self._synchronized = False
         # Optimizer.__init__ wraps each class's step once to run the step
-        # hooks; this class's step is wrapped too, so the base's wrapper is
-        # skipped: the hooks run once per step.
-        base_step = self._kolo_base.step
-        if getattr(base_step, "hooked", False) and hasattr(base_step, "__wrapped__"):
-            base_step = base_step.__wrapped__
+        # hooks; this class's step is wrapped too, so the base's wrapper (set
+        # aside above) is skipped: the hooks run once per step.
         return base_step(self, closure, **kwargs)
 
     def zero_grad(self, *args, **kwargs):
@@ -450,8 +481,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         backward_passes_per_step: backward passes whose gradients are summed
             locally (not averaged) before one allreduce; a pass beyond that
             before ``step()`` raises AssertionError.
-        op: ``Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product``.
-            ``Adasum`` raises NotImplementedError.
+        op: ``Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product``,
+            or ``Adasum``: each rank steps on its own gradients, then every
+            parameter's change is the Adasum of the ranks' changes (as
+            Horovod's Adasum optimizer; docs/collectives.md, "Adasum").
         gradient_predivide_factor: f splits the average into a 1/f scale
             before the sum and f/size after it; only with ``op=Average``.
         num_groups: deprecated spelling of an integer ``groups``.
@@ -468,9 +501,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"kolo: DistributedOptimizer wraps a torch.optim.Optimizer, not a "
                         f"{type(optimizer).__name__}")
-    if op == getattr(mpi_ops, "Adasum", object()):
-        raise NotImplementedError("kolo: DistributedOptimizer(op=Adasum): kolo has no Adasum "
-                                  "reduction; use op=Average (the default) or Sum")
+    if op == mpi_ops.Adasum and (groups or num_groups or gradient_predivide_factor != 1.0):
+        raise ValueError("kolo: DistributedOptimizer(op=Adasum) reduces parameter deltas one "
+                         "by one: groups and gradient_predivide_factor do not apply")
     if process_set is None:
         process_set = _GLOBAL_PROCESS_SET
     _basics.process_set_comm(process_set, "DistributedOptimizer")  # added, and this rank in it

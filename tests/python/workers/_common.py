@@ -63,3 +63,32 @@ def reduce_ref(xs, op, dtype, n, pre=1.0, post=1.0):
     if dtype == "bool":
         return e, np.zeros_like(e)
     return e, 4 * n * EPS[dtype] * (mag + np.abs(e))
+
+
+def adasum_ref(vectors):
+    """The Adasum of the ranks' vectors over kolo's tree, in float64 numpy:
+    with p the largest power of two <= n, ranks 2i and 2i+1 (i < n - p)
+    combine first, then the p survivors at distance 1, 2, 4, ...; in every
+    pair the lower rank's vector is a. combine(a, b) = (1 - a.b/2|a|^2) a +
+    (1 - a.b/2|b|^2) b, a coefficient 1 where its squared norm is < 1e-8."""
+    import numpy as np
+
+    def combine(a, b):
+        dot, aa, bb = float(a @ b), float(a @ a), float(b @ b)
+        ca = 1 - dot / aa / 2 if aa >= 1e-8 else 1.0
+        cb = 1 - dot / bb / 2 if bb >= 1e-8 else 1.0
+        return ca * a + cb * b
+
+    v = [np.asarray(x, dtype=np.float64).ravel() for x in vectors]
+    n = len(v)
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    e = n - p
+    live = [combine(v[2 * i], v[2 * i + 1]) for i in range(e)] + v[2 * e:]
+    d = 1
+    while d < p:
+        live = [combine(live[i], live[i + d]) if i % (2 * d) == 0 else live[i]
+                for i in range(p)]
+        d *= 2
+    return live[0]

@@ -166,11 +166,11 @@ run("refused/types", bad_types)
 
 def bad_arguments():
     for what, fn, exc, needle in [
-        ("Adasum", lambda: hvd.allreduce(torch.ones(3), op=hvd.Adasum), NotImplementedError,
-         "Adasum"),
-        ("Adasum grouped", lambda: hvd.grouped_allreduce_async_([torch.ones(3)],
-                                                                op=hvd.Adasum),
-         NotImplementedError, "Adasum"),
+        ("Adasum of integers",
+         lambda: hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Adasum), TypeError,
+         "adasum"),
+        ("Adasum reducescatter", lambda: hvd.reducescatter(torch.ones(4, 2), op=hvd.Adasum),
+         ValueError, "Adasum"),
         ("op and average", lambda: hvd.allreduce(torch.ones(3), average=True, op=hvd.Sum),
          ValueError, "supersedes"),
         ("unknown op", lambda: hvd.allreduce(torch.ones(3), op=17), ValueError, "op"),
