@@ -22,56 +22,179 @@
 
 #define NORM_FLOOR 1e-8
 
-static double get(const void *p, size_t i, kolo_dtype_t dt)
+/* The sums a.b, |a|^2 and |b|^2 in float64, over four interleaved partial
+ * sums (a fixed order: every rank that combines the same operands gets the
+ * same bits) so that the loop is not one long chain of dependent adds. */
+#define DOTS(T, CONV)                                                                              \
+	static void dots_##T(const void *pa, const void *pb, size_t n, double out[3])              \
+	{                                                                                          \
+		const T *a = pa, *b = pb;                                                          \
+		double d[4] = {0}, x2[4] = {0}, y2[4] = {0};                                       \
+		size_t i = 0;                                                                      \
+		for (; i + 4 <= n; i += 4)                                                         \
+			for (int k = 0; k < 4; k++) {                                              \
+				double x = CONV(a[i + k]), y = CONV(b[i + k]);                     \
+				d[k] += x * y;                                                     \
+				x2[k] += x * x;                                                    \
+				y2[k] += y * y;                                                    \
+			}                                                                          \
+		for (; i < n; i++) {                                                               \
+			double x = CONV(a[i]), y = CONV(b[i]);                                     \
+			d[0] += x * y;                                                             \
+			x2[0] += x * x;                                                            \
+			y2[0] += y * y;                                                            \
+		}                                                                                  \
+		out[0] = (d[0] + d[1]) + (d[2] + d[3]);                                            \
+		out[1] = (x2[0] + x2[1]) + (x2[2] + x2[3]);                                        \
+		out[2] = (y2[0] + y2[1]) + (y2[2] + y2[3]);                                        \
+	}
+
+/* dst = ca a + cb b, computed in float64 (float32 for the 16-bit types, as
+ * kolo's other kernels do) and rounded to the dtype once. */
+#define AXPBY(T, CONV, BACK)                                                                       \
+	static void axpby_##T(void *pd, const void *pa, const void *pb, size_t n, double ca,       \
+	                      double cb)                                                           \
+	{                                                                                          \
+		T *dst = pd;                                                                       \
+		const T *a = pa, *b = pb;                                                          \
+		for (size_t i = 0; i < n; i++)                                                     \
+			dst[i] = BACK(ca * CONV(a[i]) + cb * CONV(b[i]));                          \
+	}
+
+#define ID(x)      ((double)(x))
+#define TO_F32(x)  ((float)(x))
+#define TO_F64(x)  (x)
+#define F16(x)     ((double)kolo_f16_to_f32(x))
+#define BF16(x)    ((double)kolo_bf16_to_f32(x))
+#define BACK16(x)  kolo_f32_to_f16((float)(x))
+#define BACKB16(x) kolo_f32_to_bf16((float)(x))
+
+typedef uint16_t half_t;
+typedef uint16_t bhalf_t;
+DOTS(float, ID)
+DOTS(double, ID)
+DOTS(half_t, F16)
+DOTS(bhalf_t, BF16)
+AXPBY(float, ID, TO_F32)
+AXPBY(double, ID, TO_F64)
+AXPBY(half_t, F16, BACK16)
+AXPBY(bhalf_t, BF16, BACKB16)
+
+static void adasum_dots(const void *a, const void *b, size_t n, kolo_dtype_t dt, double s[3])
 {
 	switch (dt) {
 	case KOLO_FLOAT16:
-		return kolo_f16_to_f32(((const uint16_t *)p)[i]);
+		dots_half_t(a, b, n, s);
+		break;
 	case KOLO_BFLOAT16:
-		return kolo_bf16_to_f32(((const uint16_t *)p)[i]);
+		dots_bhalf_t(a, b, n, s);
+		break;
 	case KOLO_FLOAT32:
-		return ((const float *)p)[i];
+		dots_float(a, b, n, s);
+		break;
 	default:
-		return ((const double *)p)[i];
+		dots_double(a, b, n, s);
 	}
 }
 
-static void put(void *p, size_t i, kolo_dtype_t dt, double v)
+/* dst = ca a + cb b with the coefficients of the sums s (a.b, |a|^2, |b|^2). */
+static void adasum_apply(void *dst, const void *a, const void *b, size_t n, kolo_dtype_t dt,
+                         const double s[3])
 {
+	double ca = s[1] >= NORM_FLOOR ? 1.0 - s[0] / s[1] * 0.5 : 1.0;
+	double cb = s[2] >= NORM_FLOOR ? 1.0 - s[0] / s[2] * 0.5 : 1.0;
 	switch (dt) {
 	case KOLO_FLOAT16:
-		((uint16_t *)p)[i] = kolo_f32_to_f16((float)v);
+		axpby_half_t(dst, a, b, n, ca, cb);
 		break;
 	case KOLO_BFLOAT16:
-		((uint16_t *)p)[i] = kolo_f32_to_bf16((float)v);
+		axpby_bhalf_t(dst, a, b, n, ca, cb);
 		break;
 	case KOLO_FLOAT32:
-		((float *)p)[i] = (float)v;
+		axpby_float(dst, a, b, n, ca, cb);
 		break;
 	default:
-		((double *)p)[i] = v;
+		axpby_double(dst, a, b, n, ca, cb);
 	}
 }
 
 void kolo_adasum_combine(void *dst, const void *a, const void *b, size_t count, kolo_dtype_t dt)
 {
-	double dot = 0, aa = 0, bb = 0;
-	for (size_t i = 0; i < count; i++) {
-		double x = get(a, i, dt), y = get(b, i, dt);
-		dot += x * y;
-		aa += x * x;
-		bb += y * y;
-	}
-	double ca = aa >= NORM_FLOOR ? 1.0 - dot / aa * 0.5 : 1.0;
-	double cb = bb >= NORM_FLOOR ? 1.0 - dot / bb * 0.5 : 1.0;
-	for (size_t i = 0; i < count; i++)
-		put(dst, i, dt, ca * get(a, i, dt) + cb * get(b, i, dt));
+	double s[3];
+	adasum_dots(a, b, count, dt, s);
+	adasum_apply(dst, a, b, count, dt, s);
 }
 
 bool kolo_adasum_dtype(kolo_dtype_t dt)
 {
 	return dt == KOLO_FLOAT16 || dt == KOLO_BFLOAT16 || dt == KOLO_FLOAT32 ||
 	       dt == KOLO_FLOAT64;
+}
+
+/* The rank of newrank pn (ranks 2i, i < rem, are folded into 2i + 1). */
+static int real_rank(int pn, int rem)
+{
+	return pn < rem ? pn * 2 + 1 : pn + rem;
+}
+
+/* v <- the sum of v over the 2d newranks of this one's group (those that
+ * agree with it above bit d), by recursive doubling: every member ends with
+ * the same bits (each step adds two identical operands, commutatively). */
+static kolo_status_t group_sum(struct kolo_ring_comm *rc, int newrank, int d, int rem, double v[3])
+{
+	for (int m = 1; m <= d; m <<= 1) {
+		double o[3];
+		KOLO_CHECK(
+		        ring_exchange(rc, real_rank(newrank ^ m, rem), v, sizeof(o), o, sizeof(o)));
+		for (int k = 0; k < 3; k++)
+			v[k] += o[k];
+	}
+	return KOLO_OK;
+}
+
+/* The power-of-two part: vector halving, distance doubling (Horovod's
+ * order). At distance d a pair holds the same piece of the two vectors the
+ * level combines, a (the lower block's) and b (the higher's); each keeps half
+ * of the piece and receives the partner's half of it, the pair's group of 2d
+ * ranks sums the partial dot products and norms, and each combines its half.
+ * Then the pieces are gathered back, distance halving. Each element is
+ * combined by one rank, so every rank ends with the same bits. */
+static kolo_status_t adasum_vhdd(struct kolo_ring_comm *rc, char *buf, char *tmp, size_t count,
+                                 kolo_dtype_t dt, int newrank, int pof2, int rem)
+{
+	const size_t es = kolo_dtype_size(dt);
+	size_t lo = 0, hi = count, los[32], his[32];
+	int lv = 0;
+	for (int d = 1; d < pof2; d <<= 1, lv++) {
+		const int peer = real_rank(newrank ^ d, rem);
+		const size_t mid = lo + (hi - lo) / 2;
+		const bool lower = (newrank & d) == 0;
+		const size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
+		const size_t slo = lower ? mid : lo, shi = lower ? hi : mid;
+		KOLO_CHECK(ring_exchange(rc, peer, buf + slo * es, (shi - slo) * es, tmp,
+		                         (khi - klo) * es));
+		const void *a = lower ? (void *)(buf + klo * es) : (void *)tmp;
+		const void *b = lower ? (void *)tmp : (void *)(buf + klo * es);
+		double sums[3];
+		adasum_dots(a, b, khi - klo, dt, sums);
+		KOLO_CHECK(group_sum(rc, newrank, d, rem, sums));
+		adasum_apply(buf + klo * es, a, b, khi - klo, dt, sums);
+		los[lv] = lo;
+		his[lv] = hi;
+		lo = klo;
+		hi = khi;
+	}
+	for (int d = pof2 / 2; d >= 1; d >>= 1) {
+		lv--;
+		const size_t mid = los[lv] + (his[lv] - los[lv]) / 2;
+		const bool lower = (newrank & d) == 0;
+		const size_t olo = lower ? mid : los[lv], ohi = lower ? his[lv] : mid;
+		KOLO_CHECK(ring_exchange(rc, real_rank(newrank ^ d, rem), buf + lo * es,
+		                         (hi - lo) * es, buf + olo * es, (ohi - olo) * es));
+		lo = los[lv];
+		hi = his[lv];
+	}
+	return KOLO_OK;
 }
 
 /* buf (count elements of this rank) <- the Adasum of every rank's. */
@@ -83,17 +206,15 @@ kolo_status_t ring_adasum(struct kolo_ring_comm *rc, char *buf, size_t count, ko
 	while (pof2 * 2 <= n)
 		pof2 *= 2;
 	const int rem = n - pof2;
-	int peers[40] = {0}, np = 0, newrank;
+	int peers[80] = {0}, np = 0, newrank;
 	if (r < 2 * rem) {
 		peers[np++] = r % 2 == 0 ? r + 1 : r - 1;
 		newrank = r % 2 == 0 ? -1 : r / 2;
 	} else {
 		newrank = r - rem;
 	}
-	for (int mask = 1; newrank >= 0 && mask < pof2; mask <<= 1) {
-		int pn = newrank ^ mask;
-		peers[np++] = pn < rem ? pn * 2 + 1 : pn + rem;
-	}
+	for (int mask = 1; newrank >= 0 && mask < pof2; mask <<= 1)
+		peers[np++] = real_rank(newrank ^ mask, rem);
 	KOLO_CHECK(ring_ensure_conns(rc, peers, np));
 	KOLO_CHECK(ring_scratch_reserve(rc, KOLO_MAX(bytes, 1)));
 	char *tmp = rc->scratch;
@@ -105,15 +226,7 @@ kolo_status_t ring_adasum(struct kolo_ring_comm *rc, char *buf, size_t count, ko
 		KOLO_CHECK(ring_exchange(rc, r - 1, NULL, 0, tmp, bytes));
 		kolo_adasum_combine(buf, tmp, buf, count, dtype);
 	}
-	for (int mask = 1; mask < pof2; mask <<= 1) {
-		int pn = newrank ^ mask;
-		int p = pn < rem ? pn * 2 + 1 : pn + rem;
-		KOLO_CHECK(ring_exchange(rc, p, buf, bytes, tmp, bytes));
-		if (p < r)
-			kolo_adasum_combine(buf, tmp, buf, count, dtype);
-		else
-			kolo_adasum_combine(buf, buf, tmp, count, dtype);
-	}
+	KOLO_CHECK(adasum_vhdd(rc, buf, tmp, count, dtype, newrank, pof2, rem));
 	if (r < 2 * rem)
 		KOLO_CHECK(ring_exchange(rc, r - 1, buf, bytes, NULL, 0));
 	return KOLO_OK;

@@ -56,6 +56,7 @@ struct opts {
 	int root;
 	bool check, json, inplace, cpu;
 	bool device; /* --device cuda */
+	int sets;    /* --sets K: K disjoint process sets of contiguous ranks, run at once */
 };
 
 /* One size of the sweep: element counts of this rank's buffers. */
@@ -69,7 +70,9 @@ struct shape {
 
 struct bench {
 	struct opts o;
-	kolo_comm_t *comm;
+	kolo_comm_t *comm;  /* what is measured: the job's comm, or this rank's set */
+	kolo_comm_t *world; /* the job's comm */
+	int set;            /* --sets: which set this rank is in */
 	int rank, size;
 	size_t esize;
 	void *sendbuf, *recvbuf; /* what the collective gets: host or device memory */
@@ -88,7 +91,7 @@ static void usage(FILE *f, const char *name)
 	        "  -f, --stepfactor F    multiply the size by F each step (default 2)\n"
 	        "  -i, --stepbytes SIZE  add SIZE each step instead\n"
 	        "  -d, --dtype NAME      int8 uint8 int32 int64 float16 bfloat16 float32 float64\n"
-	        "  -o, --op NAME         sum average min max product (default sum)\n"
+	        "  -o, --op NAME         sum average min max product adasum (default sum)\n"
 	        "  -n, --iters N         timed iterations per size (default: 200 down to 5 as\n"
 	        "                        the size grows, about 1 GiB of data per size)\n"
 	        "  -w, --warmup N        untimed iterations first (default: iters/5, 2..20)\n"
@@ -97,6 +100,8 @@ static void usage(FILE *f, const char *name)
 	        "      --inplace         allreduce with sendbuf == recvbuf\n"
 	        "      --json            one JSON object per size instead of the table\n"
 	        "      --cpu             add CPU time columns to the table (always in JSON)\n"
+	        "      --sets K          split the ranks into K process sets of contiguous ranks\n"
+	        "                        that run the benchmark at the same time\n"
 	        "      --device KIND     cpu (default): host buffers; cuda: CUDA device buffers\n"
 	        "                        (GPU local rank mod GPUs), checked through host copies\n"
 	        "Sizes are the total buffer, as in nccl-tests: the gathered output of\n"
@@ -150,7 +155,7 @@ static int parse_int(const char *s, int lo, int *out)
 	return 0;
 }
 
-enum { OPT_JSON = 256, OPT_INPLACE, OPT_CPU, OPT_DEVICE };
+enum { OPT_JSON = 256, OPT_INPLACE, OPT_CPU, OPT_DEVICE, OPT_SETS };
 
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
@@ -169,6 +174,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 	        {"inplace", no_argument, NULL, OPT_INPLACE},
 	        {"cpu", no_argument, NULL, OPT_CPU},
 	        {"device", required_argument, NULL, OPT_DEVICE},
+	        {"sets", required_argument, NULL, OPT_SETS},
 	        {"help", no_argument, NULL, 'h'},
 	        {NULL, 0, NULL, 0},
 	};
@@ -232,6 +238,10 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 		case OPT_INPLACE:
 			o->inplace = true;
 			break;
+		case OPT_SETS:
+			if (parse_int(optarg, 1, &o->sets) != 0)
+				goto bad;
+			break;
 		case OPT_CPU:
 			o->cpu = true;
 			break;
@@ -257,6 +267,13 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 	}
 	if (optind != argc) {
 		fprintf(stderr, "kolo-bench %s: unexpected argument '%s'\n", argv[0], argv[optind]);
+		return 2;
+	}
+	if (o->check && o->op == KOLO_ADASUM) {
+		fprintf(stderr,
+		        "kolo-bench %s: --check has no reference for adasum (the tests "
+		        "check it)\n",
+		        argv[0]);
 		return 2;
 	}
 	if (o->min_bytes > o->max_bytes) {
@@ -696,6 +713,8 @@ static void print_row(const struct bench *b, const struct row *r)
 			printf(",\"redop\":\"%s\"", kolo_op_name(o->op));
 		if (o->coll == C_ALLREDUCE)
 			printf(",\"inplace\":%s", o->inplace ? "true" : "false");
+		if (o->sets > 1)
+			printf(",\"set\":%d,\"sets\":%d", b->set, o->sets);
 		if (o->coll == C_BROADCAST)
 			printf(",\"root\":%d", o->root);
 		printf("}\n");
@@ -797,6 +816,36 @@ int kolo_bench_coll_known(const char *name)
 	return 0;
 }
 
+/* --sets K: every rank makes the K sets (collective over the job), then
+ * measures in its own; the sets run side by side. */
+static int split_sets(struct bench *b)
+{
+	const int n = kolo_size(b->world), k = b->o.sets;
+	if (n % k) {
+		fprintf(stderr, "kolo-bench: --sets %d does not divide %d ranks\n", k, n);
+		return -1;
+	}
+	int m = n / k, ranks[256];
+	if (m > 256)
+		return -1;
+	for (int s = 0; s < k; s++) {
+		kolo_comm_t *set = NULL;
+		for (int i = 0; i < m; i++)
+			ranks[i] = s * m + i;
+		kolo_status_t st = kolo_process_set_create(b->world, ranks, m, &set);
+		if (st != KOLO_OK) {
+			fprintf(stderr, "kolo-bench: process set %d: %s\n", s,
+			        kolo_last_error(b->world));
+			return -1;
+		}
+		if (set) {
+			b->comm = set;
+			b->set = s;
+		}
+	}
+	return 0;
+}
+
 int kolo_bench_coll(int argc, char **argv)
 {
 	struct bench b = {0};
@@ -813,9 +862,12 @@ int kolo_bench_coll(int argc, char **argv)
 		        kolo_init_error());
 		return 1;
 	}
+	b.world = b.comm;
+	rc = 1;
+	if (b.o.sets > 1 && split_sets(&b) != 0)
+		goto out;
 	b.rank = kolo_rank(b.comm);
 	b.size = kolo_size(b.comm);
-	rc = 1;
 	if (b.o.root >= b.size) {
 		if (b.rank == 0)
 			fprintf(stderr, "kolo-bench: --root %d but only %d ranks\n", b.o.root,
@@ -879,7 +931,9 @@ out:
 	}
 	free(b.hsend);
 	free(b.hrecv);
-	st = kolo_finalize(b.comm);
+	if (b.comm != b.world)
+		kolo_process_set_free(b.comm);
+	st = kolo_finalize(b.world);
 	if (st != KOLO_OK && rc == 0) {
 		fprintf(stderr, "kolo-bench: kolo_finalize: %s\n", kolo_status_name(st));
 		rc = 1;
