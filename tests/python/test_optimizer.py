@@ -64,7 +64,7 @@ def reference(case, n):
     elif case in ("missing", "missing_groups"):
         m = oc.TwoHead()
         opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    elif case == "sparse_dense":
+    elif case in ("sparse_dense", "sparse"):
         m = oc.EmbNet(sparse=False)
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
     else:
@@ -93,7 +93,7 @@ def reference(case, n):
             loss = sum(oc.loss_fn(m(oc.batch(s, r)[0]), oc.batch(s, r)[1])
                        for r in active) / n
             loss.backward()
-        elif case == "sparse_dense":
+        elif case in ("sparse_dense", "sparse"):
             idx, y = zip(*[oc.emb_batch(s, r) for r in range(n)])
             oc.loss_fn(m(torch.cat(idx)), torch.cat(y)).backward()
         else:
@@ -217,11 +217,10 @@ def test_too_many_backward_passes_raises(run):
         assert "backward_passes_per_step" in out["msg"]
 
 
-def test_sparse_gradient_without_sparse_as_dense_raises(run):
+def test_sparse_gradients_travel_as_indices_and_values(run):
     n, cases = run
-    for out in cases["sparse_error"].values():
-        assert out["raised"] == "NotImplementedError", out
-        assert "sparse_as_dense=True" in out["msg"] and "'weight'" in out["msg"], out
+    assert_params(cases, "sparse", n)
+    assert all(out["sparse_grad"] for out in cases["sparse"].values())
 
 
 # ---- argument checks (one process, before anything is enqueued) ---------------

@@ -113,6 +113,7 @@ mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built d
 ccl_built cuda_built rocm_built ProcessSet global_process_set add_process_set
 remove_process_set Average Sum Adasum Min Max Product HorovodInternalError Compression
 allgather_object broadcast_object broadcast_optimizer_state broadcast_parameters
+SyncBatchNorm DistributedOptimizer elastic
 """.split()
 
 PS = "process_set"

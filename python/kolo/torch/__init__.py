@@ -23,10 +23,11 @@ from .functions import (  # noqa: F401
     broadcast_parameters,
 )
 from .optimizer import DistributedOptimizer  # noqa: F401
+from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 from . import elastic  # noqa: F401,E402
 
 __all__ = list(_ops_all) + [
     "HorovodInternalError", "MismatchError", "ShutdownError", "Error", "Compression",
     "allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
-    "DistributedOptimizer", "elastic",
+    "DistributedOptimizer", "SyncBatchNorm", "elastic",
 ]

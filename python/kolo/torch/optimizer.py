@@ -246,17 +246,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # the others may have one, so zeros are submitted.
             p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
         g = p.grad
-        if g.is_sparse:
-            if not self.sparse_as_dense:
-                raise NotImplementedError(
-                    f"kolo: parameter {self._parameter_names.get(p)!r} has a sparse gradient; "
-                    f"kolo has no sparse allreduce: pass sparse_as_dense=True to "
-                    f"DistributedOptimizer (or build the layer with sparse=False)")
+        if g.is_sparse and (self.sparse_as_dense or self._groups is not None):
             g = g.to_dense()
         return g
 
     def _allreduce_grad_async(self, p: torch.Tensor):
         tensor = self._dense_grad(p)
+        if tensor.is_sparse:
+            # Horovod's path for sparse gradients: an allgather of every
+            # rank's indices and values (duplicates add up); a callable.
+            return mpi_ops.sparse_allreduce_async(tensor.coalesce(),
+                                                  self._parameter_names.get(p), self.op,
+                                                  self.process_set), None
         compressed, ctx = self._compression.compress(tensor)
         pre, post = self._scales()
         handle = mpi_ops.allreduce_async_(compressed, name=self._parameter_names.get(p),
@@ -355,13 +356,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if self._group_counts.get(p):
                     self._group_counts[p] = 0
             else:
-                out = mpi_ops.synchronize(handle)
+                out = handle() if callable(handle) else mpi_ops.synchronize(handle)
                 self._allreduce_delay[p] = self.backward_passes_per_step
                 if self._groups is not None:
                     group = self._p_to_group[p]
                     if self._group_counts[group]:
                         self._group_counts[group] = 0
-                self._set_grad(p, self._compression.decompress(out, ctx))
+                self._set_grad(p, out if out.is_sparse else
+                               self._compression.decompress(out, ctx))
             del self._handles[p]
         self._handles.clear()
         self._synchronized = True
@@ -493,8 +495,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             parameters (each list one grouped allreduce; parameters in no
             list alone).
         sparse_as_dense: sparse gradients are densified for the allreduce
-            (and made sparse again); without it a sparse gradient raises
-            NotImplementedError.
+            (and made sparse again); without it they travel as Horovod's
+            do, an allgather of every rank's indices and values (Sum or
+            Average; with ``groups`` they are densified).
         process_set: the ranks that average their gradients (default: every
             rank); an added ``hvd.ProcessSet`` this rank is in.
     """
