@@ -9,13 +9,14 @@ Every function checks, names, enqueues and returns a
 part of a step, then waits (:func:`kolo.common.handles.wait_all`). Outputs
 are new arrays aligned to 64 bytes (:func:`empty`), so that a framework can
 adopt them without a copy (TensorFlow refuses less-aligned memory).
-Names are made by the caller (:func:`kolo.common.util.op_name`).
+Names are made by the caller (:func:`kolo.common.util.op_name`). Each
+function takes ``comm=``: a process set's :class:`kolo.Comm` (None: the job).
 """
 
 from __future__ import annotations
 
 import math
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -47,17 +48,23 @@ def contiguous(a: np.ndarray) -> np.ndarray:
     return a if a.flags["C_CONTIGUOUS"] else np.ascontiguousarray(a)
 
 
+def _size_rank(comm: Optional[kolo.Comm]) -> tuple:
+    return (comm.size(), comm.rank()) if comm is not None else (kolo.size(), kolo.rank())
+
+
 def allreduce(a: np.ndarray, name: str, op: str, prescale: float = 1.0,
-              postscale: float = 1.0) -> Op:
+              postscale: float = 1.0, comm: Optional[kolo.Comm] = None) -> Op:
     """Reduces ``a`` over the ranks into a new array of its shape."""
     a = contiguous(a)
     out = empty(a.shape, a.dtype)
-    h = kolo.allreduce_async(a, out, name=name, op=op, prescale=prescale, postscale=postscale)
+    h = kolo.allreduce_async(a, out, name=name, op=op, prescale=prescale, postscale=postscale,
+                             comm=comm)
     return Op([h], lambda res: out, (a, out))
 
 
 def grouped_allreduce(arrays: Sequence[np.ndarray], name: str, op: str,
-                      prescale: float = 1.0, postscale: float = 1.0) -> Op:
+                      prescale: float = 1.0, postscale: float = 1.0,
+                      comm: Optional[kolo.Comm] = None) -> Op:
     """Reduces the arrays as one atomic group (negotiated and fused
     together; names ``<name>.<i>``); arrays of several dtypes make one group
     per dtype. The result is the list of new arrays."""
@@ -71,7 +78,7 @@ def grouped_allreduce(arrays: Sequence[np.ndarray], name: str, op: str,
         nm = name if len(by_dtype) == 1 else f"{name}#{k}"
         hs.append(kolo.grouped_allreduce_async([arrays[i] for i in idx], [outs[i] for i in idx],
                                                name=nm, op=op, prescale=prescale,
-                                               postscale=postscale))
+                                               postscale=postscale, comm=comm))
     return Op(hs, lambda res: outs, (arrays, outs))
 
 
@@ -81,15 +88,16 @@ def _need_rows(a: np.ndarray, what: str) -> None:
                          f"(reshape it to [1])")
 
 
-def allgather(a: np.ndarray, name: str) -> Op:
+def allgather(a: np.ndarray, name: str, comm: Optional[kolo.Comm] = None) -> Op:
     """Concatenates every rank's ``a`` along dimension 0, in rank order; the
     result is ``(output, rows of each rank)``. Shapes may differ in
     dimension 0 only."""
     _need_rows(a, f"allgather {name}")
     a = contiguous(a)
     shape = np.array([a.ndim, *a.shape], np.int64)
-    h_shape = kolo.allgather_async(shape, lambda k: empty((k,), np.int64), name=f"{name}#shape")
-    h_data = kolo.allgather_async(a, lambda k: empty((k,), a.dtype), name=name)
+    h_shape = kolo.allgather_async(shape, lambda k: empty((k,), np.int64), name=f"{name}#shape",
+                                   comm=comm)
+    h_data = kolo.allgather_async(a, lambda k: empty((k,), a.dtype), name=name, comm=comm)
 
     def finish(res):
         (shapes_flat, counts), (flat, _) = res
@@ -103,29 +111,31 @@ def allgather(a: np.ndarray, name: str) -> Op:
     return Op([h_shape, h_data], finish, (a, shape))
 
 
-def broadcast(a: np.ndarray, root: int, name: str) -> Op:
-    """Rank ``root``'s ``a`` on every rank, in a new array."""
+def broadcast(a: np.ndarray, root: int, name: str, comm: Optional[kolo.Comm] = None) -> Op:
+    """Rank ``root``'s ``a`` (root a rank of ``comm``) on every rank, in a new array."""
     out = empty(a.shape, a.dtype)
     out[...] = a
-    h = kolo.broadcast_async(out, root, name=name)
+    h = kolo.broadcast_async(out, root, name=name, comm=comm)
     return Op([h], lambda res: out, (out,))
 
 
-def alltoall(a: np.ndarray, rows: List[int], name: str) -> Op:
+def alltoall(a: np.ndarray, rows: List[int], name: str,
+             comm: Optional[kolo.Comm] = None) -> Op:
     """Sends ``rows[j]`` rows of ``a`` (in order) to rank j; the result is
     ``(rows received from every rank in rank order, received row counts)``.
     Only dimension 0 may differ between ranks."""
     _need_rows(a, f"alltoall {name}")
     a = contiguous(a)
-    n = kolo.size()
+    n = _size_rank(comm)[0]
     trailing = tuple(a.shape[1:])
     row = math.prod(trailing)
     send = a if sum(rows) == a.shape[0] else a[:sum(rows)]
     meta = np.array([x for j in range(n) for x in (rows[j], len(trailing), *trailing)],
                     np.int64)
-    h_meta = kolo.alltoall_async(meta, lambda k: empty((k,), np.int64), name=f"{name}#splits")
+    h_meta = kolo.alltoall_async(meta, lambda k: empty((k,), np.int64), name=f"{name}#splits",
+                                 comm=comm)
     h_data = kolo.alltoall_async(send, lambda k: empty((k,), a.dtype),
-                                 splits=[x * row for x in rows], name=name)
+                                 splits=[x * row for x in rows], name=name, comm=comm)
 
     def finish(res):
         (meta_in, meta_counts), (flat, _) = res
@@ -146,12 +156,12 @@ def reducescatter_rows(d0: int, n: int, r: int) -> int:
 
 
 def reducescatter(a: np.ndarray, name: str, op: str, prescale: float = 1.0,
-                  postscale: float = 1.0) -> Op:
+                  postscale: float = 1.0, comm: Optional[kolo.Comm] = None) -> Op:
     """Reduces ``a`` over the ranks and returns this rank's rows of the
     result (:func:`reducescatter_rows`)."""
     _need_rows(a, f"reducescatter {name}")
     a = contiguous(a)
-    n, r = kolo.size(), kolo.rank()
+    n, r = _size_rank(comm)
     d0, trailing = a.shape[0], tuple(a.shape[1:])
     q, extra = divmod(d0, n)
     mine = reducescatter_rows(d0, n, r)
@@ -169,5 +179,5 @@ def reducescatter(a: np.ndarray, name: str, op: str, prescale: float = 1.0,
             at += k
         out = empty((q + 1,) + trailing, a.dtype)
     h = kolo.reducescatter_async(send, out, name=name, op=op, prescale=prescale,
-                                 postscale=postscale)
+                                 postscale=postscale, comm=comm)
     return Op([h], lambda res: out if out.shape[0] == mine else out[:mine], (a, send, out))

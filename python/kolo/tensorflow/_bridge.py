@@ -72,19 +72,21 @@ def _in_xla() -> bool:
 _UNNAMED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> counters
 
 
-def name(kind: str, given: Any) -> str:
+def name(kind: str, given: Any, comm: Any = None) -> str:
     """The operation's name: ``given``, or in eager mode kolo's per-kind
-    counter (unnamed ops in the same order on every rank), or inside a
+    counter of ``comm`` (unnamed ops in the same order on every rank of
+    it), or inside a
     graph ``<kind>.graph.<i>``, i counting this graph's unnamed ops of that
     kind at trace time, so that retracing gives the same names."""
     if given:
         return str(given)
     if eager():
-        return util.op_name(kind, None)
+        return util.op_name(kind, None, comm)
     g = tf.compat.v1.get_default_graph()
     counters = _UNNAMED.setdefault(g, {})
-    i = counters.get(kind, 0)
-    counters[kind] = i + 1
+    key = (kind, tuple(comm.ranks) if comm is not None else None)  # counted per comm
+    i = counters.get(key, 0)
+    counters[key] = i + 1
     return f"{kind}.graph.{i}"
 
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from kolo.common import objects
 from kolo.common.basics import ProcessSet, check_process_set, global_process_set
+from kolo.common.basics import process_set_comm
 
 from . import mpi_ops
 
@@ -18,11 +19,11 @@ def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int,
                         inplace: bool = True) -> Any:
     """Assigns rank ``root_rank``'s values to ``variables`` on every rank,
     all submitted together (eager: done on return; in a graph: the op)."""
-    check_process_set(process_set, "broadcast_variables")
     variables = list(variables)
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
-    values = mpi_ops.broadcast_(variables, root_rank, name="broadcast_variables")
+    values = mpi_ops.broadcast_(variables, root_rank, name="broadcast_variables",
+                                process_set=process_set)
     return None if tf.executing_eagerly() else tf.group(values)
 
 
@@ -30,8 +31,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None,
                      name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Rank ``root_rank``'s ``obj`` (pickled) on every rank."""
-    check_process_set(process_set, "broadcast_object")
-    return objects.broadcast_object(obj, root_rank, name)
+    return objects.broadcast_object(obj, root_rank, name,
+                                    process_set_comm(process_set, "broadcast_object"))
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: Optional[str] = None,

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Optional
 
 import tensorflow as tf
 
-from kolo.common.basics import Average, ProcessSet, check_process_set, global_process_set
+from kolo.common.basics import Average, ProcessSet, global_process_set, process_set_comm
 
 from . import gradients as G
 from . import mpi_ops
@@ -35,7 +35,8 @@ class _DistributedGradientTape:
         for i, g in zip(shared, reduced):
             out[i] = g
         if self._kolo_scale_local and len(shared) < len(flat):
-            n = float(mpi_ops.size())
+            n = float(mpi_ops._size(process_set_comm(self._kolo_args["process_set"],
+                                                     "DistributedGradientTape")))
             for i, g in enumerate(out):
                 if i not in shared and g is not None:
                     out[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
@@ -61,7 +62,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     """The tape ``gradtape`` (after its ``with`` block), as an instance of a
     subclass of its class whose ``gradient()`` averages over every rank.
     ``groups`` is accepted; kolo fuses by size (KOLO_FUSION_THRESHOLD)."""
-    check_process_set(process_set, "DistributedGradientTape")
+    process_set_comm(process_set, "DistributedGradientTape")  # added, and this rank in it
     G.check_predivide(op, gradient_predivide_factor)
     G.check_groups(num_groups, groups)
     base = type(gradtape)
@@ -74,7 +75,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
     tape._kolo_local = set()
     tape._kolo_scale_local = scale_local_gradients
     tape._kolo_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
-                           gradient_predivide_factor=gradient_predivide_factor)
+                           gradient_predivide_factor=gradient_predivide_factor,
+                           process_set=process_set)
     return tape
 
 

@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 
-from kolo.common.basics import Average
+from kolo.common.basics import Average, global_process_set
 from kolo.common.util import predivide_scales
 
 from . import mpi_ops
@@ -31,11 +31,13 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any], prefix: str
                      op: int = Average, compression: Any = Compression.none,
                      sparse_as_dense: bool = False,
                      gradient_predivide_factor: float = 1.0,
-                     postscale: float = 1.0) -> List[Any]:
-    """The gradients averaged (``op``) over every rank, in order; None stays
-    None."""
+                     postscale: float = 1.0,
+                     process_set: Any = global_process_set) -> List[Any]:
+    """The gradients averaged (``op``) over every rank (of ``process_set``),
+    in order; None stays None."""
+    comm = mpi_ops._ps(process_set, prefix)
     op, pre, post = predivide_scales(op, gradient_predivide_factor, postscale,
-                                     mpi_ops.size())
+                                     mpi_ops._size(comm))
     out: List[Any] = list(grads)
     dense, names, ctxs = [], [], []
     for i, (g, v) in enumerate(zip(grads, variables)):
@@ -45,7 +47,7 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any], prefix: str
         if isinstance(g, tf.IndexedSlices):
             if not sparse_as_dense:
                 out[i] = mpi_ops.allreduce(g, op=op, name=nm, prescale_factor=pre,
-                                           postscale_factor=post)
+                                           postscale_factor=post, process_set=process_set)
                 continue
             g = tf.convert_to_tensor(g)
         c, ctx = compression.compress(tf.convert_to_tensor(g))
@@ -53,7 +55,8 @@ def reduce_gradients(grads: Sequence[Any], variables: Sequence[Any], prefix: str
         names.append(nm)
         ctxs.append(ctx)
     if dense:
-        reduced = mpi_ops.allreduce_list([c for _, c in dense], names, op, pre, post)
+        reduced = mpi_ops.allreduce_list([c for _, c in dense], names, op, pre, post,
+                                         process_set)
         for (i, _), r, ctx in zip(dense, reduced, ctxs):
             out[i] = compression.decompress(r, ctx)
     return out

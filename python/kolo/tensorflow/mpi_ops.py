@@ -25,7 +25,8 @@ from kolo.common.basics import (  # noqa: F401
     check_process_set, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled,
     global_process_set, init, is_homogeneous, is_initialized, kolo_op, local_rank, local_size,
     mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, op_from, rank,
-    remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
+    process_set_comm, remove_process_set, rocm_built, shutdown, size, start_timeline,
+    stop_timeline)
 from kolo.common.handles import wait_all
 from kolo.common.util import label, split_rows
 from kolo.common.util import root as util_root
@@ -33,6 +34,27 @@ from kolo.common.util import root as util_root
 from . import _bridge as B
 from ._bridge import XlaError  # noqa: F401
 from .compression import Compression
+
+
+def _ps(process_set: Any, what: str) -> Optional[kolo.Comm]:
+    """The comm of ``process_set`` (None: every rank), resolved when the op
+    is built: a graph keeps the set it was traced with."""
+    return process_set_comm(process_set, what)
+
+
+def _size(comm: Optional[kolo.Comm]) -> int:
+    return comm.size() if comm is not None else kolo.size()
+
+
+def _set_root(root_rank: int, comm: Optional[kolo.Comm], what: str) -> int:
+    """A root given as a rank of the job (Horovod's convention, with process
+    sets too) as a rank of ``comm``."""
+    r = util_root(root_rank)
+    if comm is None:
+        return r
+    if r not in comm.ranks:
+        raise ValueError(f"kolo: {what}: root_rank {r} is not in the process set {comm.ranks}")
+    return comm.ranks.index(r)
 
 # ---- allreduce -------------------------------------------------------------
 
@@ -42,16 +64,17 @@ def _tensor(x: Any) -> tf.Tensor:
 
 
 def _allreduce(tensor: Any, name: Optional[str] = None, op: int = Sum,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> tf.Tensor:
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               comm: Optional[kolo.Comm] = None) -> tf.Tensor:
     """Dense allreduce, differentiable (the gradient is the same allreduce
     of the incoming gradient)."""
     x = _tensor(tensor)
     kop = kolo_op(op)
     B.check(x, label("allreduce", name), kop)
-    nm = B.name("allreduce", name)
+    nm = B.name("allreduce", name, comm)
 
     def fn(a):
-        return [arrays.allreduce(a, nm, kop, prescale_factor, postscale_factor).wait()]
+        return [arrays.allreduce(a, nm, kop, prescale_factor, postscale_factor, comm).wait()]
 
     @tf.custom_gradient
     def f(v):
@@ -60,14 +83,14 @@ def _allreduce(tensor: Any, name: Optional[str] = None, op: int = Sum,
 
         def grad(dy):
             return _allreduce(dy, f"{name}.grad" if name else None, op, prescale_factor,
-                              postscale_factor)
+                              postscale_factor, comm)
         return y, grad
 
     return f(x)
 
 
 def _sparse_allreduce(t: tf.IndexedSlices, op: int, pre: float, post: float,
-                      name: Optional[str]) -> tf.IndexedSlices:
+                      name: Optional[str], process_set: Any) -> tf.IndexedSlices:
     """An IndexedSlices reduced as Horovod does: its values and indices
     allgathered (Average divides the values by the size)."""
     if op not in (Sum, Average):
@@ -76,10 +99,12 @@ def _sparse_allreduce(t: tf.IndexedSlices, op: int, pre: float, post: float,
     if pre != 1.0 or post != 1.0:
         raise NotImplementedError("kolo: prescale/postscale are not supported with "
                                   "tf.IndexedSlices")
-    values = allgather(t.values, name=f"{name}.values" if name else None)
-    indices = allgather(t.indices, name=f"{name}.indices" if name else None)
+    values = allgather(t.values, name=f"{name}.values" if name else None,
+                       process_set=process_set)
+    indices = allgather(t.indices, name=f"{name}.indices" if name else None,
+                        process_set=process_set)
     if op == Average:
-        values = values / tf.cast(size_op(), values.dtype)
+        values = values / tf.cast(_size(_ps(process_set, "allreduce")), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=t.dense_shape)
 
 
@@ -93,24 +118,25 @@ def allreduce(tensor: Any, average: Optional[bool] = None, device_dense: str = "
     every rank (default: Average); same shape and dtype on every rank. An
     IndexedSlices is allgathered (values and indices)."""
     op = op_from(op, average)
-    check_process_set(process_set, "allreduce")
+    comm = _ps(process_set, "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
-        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name)
+        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name,
+                                 process_set)
     x = _tensor(tensor)
     compressed, ctx = compression.compress(x)
-    out = _allreduce(compressed, name, op, prescale_factor, postscale_factor)
+    out = _allreduce(compressed, name, op, prescale_factor, postscale_factor, comm)
     return compression.decompress(out, ctx)
 
 
 def _grouped_allreduce(tensors: List[tf.Tensor], name: Optional[str], op: int, pre: float,
-                       post: float) -> List[tf.Tensor]:
+                       post: float, comm: Optional[kolo.Comm] = None) -> List[tf.Tensor]:
     kop = kolo_op(op)
     for i, t in enumerate(tensors):
         B.check(t, label("grouped_allreduce", name, i), kop)
-    nm = B.name("grouped_allreduce", name)
+    nm = B.name("grouped_allreduce", name, comm)
 
     def fn(*xs):
-        return arrays.grouped_allreduce(xs, nm, kop, pre, post).wait()
+        return arrays.grouped_allreduce(xs, nm, kop, pre, post, comm).wait()
 
     @tf.custom_gradient
     def f(*vs):
@@ -120,7 +146,7 @@ def _grouped_allreduce(tensors: List[tf.Tensor], name: Optional[str], op: int, p
 
         def grad(*dys):
             return _grouped_allreduce([_tensor(d) for d in dys],
-                                      f"{name}.grad" if name else None, op, pre, post)
+                                      f"{name}.grad" if name else None, op, pre, post, comm)
         return ys, grad
 
     return list(f(*tensors))
@@ -135,7 +161,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     """Reduces a list of tensors as one atomic group (negotiated and fused
     together); IndexedSlices among them are allgathered."""
     op = op_from(op, average)
-    check_process_set(process_set, "grouped_allreduce")
+    comm = _ps(process_set, "grouped_allreduce")
     tensors = list(tensors)
     if not tensors:
         return []
@@ -144,19 +170,19 @@ def grouped_allreduce(tensors: Sequence[Any], average: Optional[bool] = None,
     for i, t in enumerate(tensors):
         if i not in dense:
             out[i] = _sparse_allreduce(t, op, prescale_factor, postscale_factor,
-                                       f"{name}.{i}" if name else None)
+                                       f"{name}.{i}" if name else None, process_set)
     if dense:
         pairs = [compression.compress(_tensor(tensors[i])) for i in dense]
         reduced = _grouped_allreduce([p[0] for p in pairs], name, op, prescale_factor,
-                                     postscale_factor)
+                                     postscale_factor, comm)
         for i, r, p in zip(dense, reduced, pairs):
             out[i] = compression.decompress(r, p[1])
     return out
 
 
 def allreduce_list(tensors: Sequence[tf.Tensor], names: Sequence[str], op: int,
-                   prescale_factor: float = 1.0,
-                   postscale_factor: float = 1.0) -> List[tf.Tensor]:
+                   prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                   process_set: Any = global_process_set) -> List[tf.Tensor]:
     """A training step's dense gradients in one call: the tensors of each
     dtype are flattened and concatenated in the graph (one buffer per
     dtype), the buffers are reduced together in one grouped submission, and
@@ -165,6 +191,10 @@ def allreduce_list(tensors: Sequence[tf.Tensor], names: Sequence[str], op: int,
     gradients. Named ``<first name>#<dtype>`` (equal on every rank, stable
     across retracing). Not differentiable."""
     kop = kolo_op(op)
+    comm = _ps(process_set, "allreduce")
+    if kop == "adasum":  # each tensor its own dot products: no concatenation
+        return [_allreduce(_tensor(t), nm, op, prescale_factor, postscale_factor, comm)
+                for t, nm in zip(tensors, names)]
     for t, nm in zip(tensors, names):
         B.check(t, label("allreduce", nm), kop)
     tensors = [_tensor(t) for t in tensors]
@@ -179,7 +209,7 @@ def allreduce_list(tensors: Sequence[tf.Tensor], names: Sequence[str], op: int,
     flat_names = [f"{base}#{dt.name}" for dt in groups]
 
     def fn(*xs):
-        return wait_all([arrays.allreduce(a, nm, kop, prescale_factor, postscale_factor)
+        return wait_all([arrays.allreduce(a, nm, kop, prescale_factor, postscale_factor, comm)
                          for a, nm in zip(xs, flat_names)])
 
     reduced = B.call("allreduce", fn, flats, [f.dtype for f in flats])
@@ -196,10 +226,11 @@ def allreduce_list(tensors: Sequence[tf.Tensor], names: Sequence[str], op: int,
 # ---- allgather -------------------------------------------------------------
 
 
-def _gather_call(kind: str, tensors: List[tf.Tensor], names: List[str]) -> list:
+def _gather_call(kind: str, tensors: List[tf.Tensor], names: List[str],
+                 comm: Optional[kolo.Comm]) -> list:
     """[out_0, rows_0, out_1, rows_1, ...] of allgathers submitted together."""
     def fn(*xs):
-        res = wait_all([arrays.allgather(a, nm) for a, nm in zip(xs, names)])
+        res = wait_all([arrays.allgather(a, nm, comm) for a, nm in zip(xs, names)])
         flat = []
         for out, rows in res:
             flat += [out, np.asarray(rows, np.int64)]
@@ -215,8 +246,8 @@ def _gather_call(kind: str, tensors: List[tf.Tensor], names: List[str]) -> list:
     return res
 
 
-def _my_rows(g: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-    r = rank_op()
+def _my_rows(g: tf.Tensor, rows: tf.Tensor, comm: Optional[kolo.Comm]) -> tf.Tensor:
+    r = rank_op() if comm is None else comm.rank()
     start = tf.reduce_sum(rows[:r])
     return g[start:start + rows[r]]
 
@@ -226,20 +257,20 @@ def allgather(tensor: Any, name: Optional[str] = None, ignore_name_scope: bool =
     """Concatenates every rank's tensor along dimension 0, in rank order;
     shapes may differ in dimension 0 only. The gradient is this rank's rows
     of the averaged incoming gradient."""
-    check_process_set(process_set, "allgather")
+    comm = _ps(process_set, "allgather")
     x = _tensor(tensor)
     B.check(x, label("allgather", name))
     if x.shape.rank == 0:
         raise ValueError(f"kolo: {label('allgather', name)} is a scalar (0-d); allgather works "
                          f"along dimension 0 (reshape it to [1])")
-    nm = B.name("allgather", name)
+    nm = B.name("allgather", name, comm)
 
     @tf.custom_gradient
     def f(v):
-        out, rows = _gather_call("allgather", [v], [nm])
+        out, rows = _gather_call("allgather", [v], [nm], comm)
 
         def grad(dy):
-            return _my_rows(_allreduce(_tensor(dy), None, Average), rows)
+            return _my_rows(_allreduce(_tensor(dy), None, Average, comm=comm), rows, comm)
         return out, grad
 
     return f(x)
@@ -249,22 +280,23 @@ def grouped_allgather(tensors: Sequence[Any], name: Optional[str] = None,
                       ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
     """Allgathers each tensor of a list, submitted together."""
-    check_process_set(process_set, "grouped_allgather")
+    comm = _ps(process_set, "grouped_allgather")
     xs = [_tensor(t) for t in tensors]
     for i, x in enumerate(xs):
         B.check(x, label("grouped_allgather", name, i))
         if x.shape.rank == 0:
             raise ValueError(f"kolo: {label('grouped_allgather', name, i)} is a scalar (0-d)")
-    base = B.name("grouped_allgather", name)
+    base = B.name("grouped_allgather", name, comm)
     names = [f"{base}.{i}" for i in range(len(xs))]
 
     @tf.custom_gradient
     def f(*vs):
-        res = _gather_call("grouped_allgather", list(vs), names)
+        res = _gather_call("grouped_allgather", list(vs), names, comm)
         outs, rows = res[0::2], res[1::2]
 
         def grad(*dys):
-            return [_my_rows(_allreduce(_tensor(d), None, Average), r) for d, r in zip(dys, rows)]
+            return [_my_rows(_allreduce(_tensor(d), None, Average, comm=comm), r, comm)
+                    for d, r in zip(dys, rows)]
         return outs, grad
 
     return list(f(*xs))
@@ -278,21 +310,21 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Rank ``root_rank``'s tensor on every rank (a new tensor). The gradient
     is the averaged incoming gradient on the root, zero elsewhere."""
-    check_process_set(process_set, "broadcast")
+    comm = _ps(process_set, "broadcast")
     x = _tensor(tensor)
     B.check(x, label("broadcast", name))
-    root = util_root(root_rank)
-    nm = B.name("broadcast", name)
+    root = _set_root(root_rank, comm, "broadcast")
+    nm = B.name("broadcast", name, comm)
 
     @tf.custom_gradient
     def f(v):
-        (y,) = B.call("broadcast", lambda a: [arrays.broadcast(a, root, nm).wait()], [v],
+        (y,) = B.call("broadcast", lambda a: [arrays.broadcast(a, root, nm, comm).wait()], [v],
                       [v.dtype])
         y.set_shape(v.shape)
 
         def grad(dy):
-            g = _allreduce(_tensor(dy), None, Average)
-            return g if kolo.rank() == root else g * 0
+            g = _allreduce(_tensor(dy), None, Average, comm=comm)
+            return g if kolo.rank() == util_root(root_rank) else g * 0
         return y, grad
 
     return f(x)
@@ -302,18 +334,18 @@ def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: Optional[
                process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
     """Broadcasts the variables from ``root_rank`` in place (assigned), all
     submitted together; returns their new values."""
-    check_process_set(process_set, "broadcast_")
+    comm = _ps(process_set, "broadcast_")
     variables = list(variables)
     if not variables:
         return []
     for i, v in enumerate(variables):
         B.check(v, label("broadcast_", name, i))
-    root = util_root(root_rank)
-    base = B.name("broadcast_", name)
+    root = _set_root(root_rank, comm, "broadcast_")
+    base = B.name("broadcast_", name, comm)
     names = [f"{base}.{i}" for i in range(len(variables))]
 
     def fn(*xs):
-        return wait_all([arrays.broadcast(a, root, nm) for a, nm in zip(xs, names)])
+        return wait_all([arrays.broadcast(a, root, nm, comm) for a, nm in zip(xs, names)])
 
     values = [v.read_value() if B.eager() else tf.convert_to_tensor(v) for v in variables]
     outs = B.call("broadcast_", fn, values, [v.dtype for v in variables])
@@ -334,19 +366,19 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
     rows received, in rank order; with ``splits`` given, ``(output,
     received_splits)`` as Horovod does. The gradient goes back the way the
     rows came."""
-    check_process_set(process_set, "alltoall")
+    comm = _ps(process_set, "alltoall")
     x = _tensor(tensor)
     what = label("alltoall", name)
     B.check(x, what)
     if x.shape.rank == 0:
         raise ValueError(f"kolo: {what} is a scalar (0-d); alltoall works along dimension 0")
-    nm = B.name("alltoall", name)
+    nm = B.name("alltoall", name, comm)
     given = splits is not None
     sp = tf.cast(_tensor(splits), tf.int32) if given else tf.zeros([0], tf.int32)
 
     def fn(a, s):
-        rows = split_rows(s if given else None, kolo.size(), a.shape[0], what)
-        out, recv = arrays.alltoall(a, rows, nm).wait()
+        rows = split_rows(s if given else None, _size(comm), a.shape[0], what)
+        out, recv = arrays.alltoall(a, rows, nm, comm).wait()
         return [out, np.asarray(recv, np.int32)]
 
     @tf.custom_gradient
@@ -356,7 +388,7 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
         recv.set_shape([None])
 
         def grad(dy, *unused):
-            g, _ = alltoall(_tensor(dy), splits=recv)
+            g, _ = alltoall(_tensor(dy), splits=recv, process_set=process_set)
             pad = tf.shape(v)[0] - tf.shape(g)[0]
             return tf.pad(g, [[0, pad]] + [[0, 0]] * (v.shape.rank - 1))
         return (out, recv), grad
@@ -368,8 +400,8 @@ def alltoall(tensor: Any, splits: Any = None, name: Optional[str] = None,
 # ---- reducescatter ---------------------------------------------------------
 
 
-def _grad_scale(op: int, pre: float, post: float) -> float:
-    return (kolo.size() if op == Sum else 1) * pre * post
+def _grad_scale(op: int, pre: float, post: float, comm: Optional[kolo.Comm]) -> float:
+    return (_size(comm) if op == Sum else 1) * pre * post
 
 
 def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compression.none,
@@ -379,9 +411,8 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = Compre
     """Reduces the tensor over every rank and returns this rank's rows of the
     result (the first ``rows % size`` ranks get one row more). The gradient
     is the allgather of the incoming gradient (times size for Sum)."""
-    check_process_set(process_set, "reducescatter")
     outs = _reducescatter([_tensor(tensor)], "reducescatter", name, op, compression,
-                          prescale_factor, postscale_factor)
+                          prescale_factor, postscale_factor, process_set)
     return outs[0]
 
 
@@ -391,26 +422,30 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           name: Optional[str] = None) -> List[tf.Tensor]:
     """reducescatter of each tensor of a list, submitted together."""
-    check_process_set(process_set, "grouped_reducescatter")
     return _reducescatter([_tensor(t) for t in tensors], "grouped_reducescatter", name, op,
-                          compression, prescale_factor, postscale_factor)
+                          compression, prescale_factor, postscale_factor, process_set)
 
 
 def _reducescatter(xs: List[tf.Tensor], kind: str, name: Optional[str], op: int,
-                   compression: Any, pre: float, post: float) -> List[tf.Tensor]:
+                   compression: Any, pre: float, post: float,
+                   process_set: Any) -> List[tf.Tensor]:
+    comm = _ps(process_set, kind)
     kop = kolo_op(op)
+    if kop == "adasum":
+        raise ValueError(f"kolo: {kind}: Adasum is an allreduce; reducescatter takes Sum, "
+                         f"Average, Min, Max or Product")
     for i, x in enumerate(xs):
         what = label(kind, name, i if len(xs) > 1 else None)
         B.check(x, what, kop)
         if x.shape.rank == 0:
             raise ValueError(f"kolo: {what} is a scalar (0-d); reducescatter works along "
                              f"dimension 0")
-    base = B.name(kind, name)
+    base = B.name(kind, name, comm)
     names = [base] if len(xs) == 1 else [f"{base}.{i}" for i in range(len(xs))]
     pairs = [compression.compress(x) for x in xs]
 
     def fn(*arrs):
-        return wait_all([arrays.reducescatter(a, nm, kop, pre, post)
+        return wait_all([arrays.reducescatter(a, nm, kop, pre, post, comm)
                          for a, nm in zip(arrs, names)])
 
     @tf.custom_gradient
@@ -420,9 +455,9 @@ def _reducescatter(xs: List[tf.Tensor], kind: str, name: Optional[str], op: int,
             y.set_shape(tf.TensorShape([None]).concatenate(v.shape[1:]))
 
         def grad(*dys):
-            s = _grad_scale(op, pre, post)
+            s = _grad_scale(op, pre, post, comm)
             gs = [_tensor(d) * tf.cast(s, d.dtype) if s != 1 else _tensor(d) for d in dys]
-            return grouped_allgather(gs)
+            return grouped_allgather(gs, process_set=process_set)
         return ys, grad
 
     ys = f(*[p[0] for p in pairs])
@@ -450,17 +485,30 @@ def join() -> tf.Tensor:
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank has called it (inside a graph: an op that
     does)."""
-    check_process_set(process_set, "barrier")
+    comm = _ps(process_set, "barrier")
     if B.eager():
-        kolo.barrier()
+        kolo.barrier(comm)
         return None
-    return _scalar_op("barrier", lambda: (kolo.barrier(), 0)[1])
+    return _scalar_op("barrier", lambda: (kolo.barrier(comm), 0)[1])
+
+
+def _set_by_id(process_set_id: int) -> Any:
+    from kolo.common import basics
+    if process_set_id == 0:
+        return global_process_set
+    ps = basics._sets.get(process_set_id)
+    if ps is None:
+        raise ValueError(f"kolo: no process set has id {process_set_id}")
+    return ps
 
 
 def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    """The number of ranks, read when the op runs (it changes in an elastic
-    job)."""
-    return _scalar_op("size", kolo.size)
+    """The number of ranks (of the process set), read when the op runs (it
+    changes in an elastic job)."""
+    if process_set_id == 0:
+        return _scalar_op("size", kolo.size)
+    n = _set_by_id(process_set_id).size()
+    return _scalar_op("size", lambda: n)
 
 
 def rank_op(name: Optional[str] = None) -> tf.Tensor:
@@ -476,7 +524,6 @@ def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
 
 
 def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    """1: this process is in the global set, the only one kolo has."""
-    if process_set_id != 0:
-        check_process_set(process_set_id, "process_set_included_op")
-    return _scalar_op("process_set_included", lambda: 1)
+    """1 when this process is in the process set, else 0."""
+    included = 1 if _set_by_id(process_set_id).included() else 0
+    return _scalar_op("process_set_included", lambda: included)
