@@ -120,6 +120,8 @@ struct ring_waiter {
 	uint64_t blocked_ns; /* when this wait first blocked in the transport; 0: not yet */
 	int peer;            /* the member waited for, if one is known; else -1 */
 	int peer_here;       /* it runs on our CPU: 1, elsewhere: 0, not looked yet: -1 */
+	bool peer_unknown;   /* the transport cannot say where the peer runs (TCP) */
+	bool yield_ran;      /* the last yield of this wait ran another thread */
 };
 
 void ring_waiter_init(struct ring_waiter *w);

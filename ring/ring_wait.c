@@ -17,7 +17,10 @@
  * peer it waits for there (the transport says where the peer last waited)
  * yields at every pass; and after MOVE_AFTER_WAITS such waits in a row, the
  * higher rank of the pair moves its thread to another CPU of its affinity
- * mask (cfg.spin_move), at most once per MOVE_EVERY_NS. */
+ * mask (cfg.spin_move), at most once per MOVE_EVERY_NS. Where the transport
+ * cannot say where the peer runs (TCP between ranks of one host), the same
+ * move follows MOVE_AFTER_WAITS waits in a row that ended right after a
+ * yield that ran another thread: the peer's answer came from our CPU. */
 #include <sched.h>
 #include <stdatomic.h>
 
@@ -27,6 +30,7 @@
 #define SPIN_MAX_NS      1000000u
 #define MOVE_AFTER_WAITS 16u
 #define MOVE_EVERY_NS    1000000u
+#define YIELD_RAN_NS     2000u /* a sched_yield this long ran another thread */
 
 /* The clock is read only once a pass finds nothing to do: 0 means "since the
  * next idle pass", so a wait whose requests are already complete (most
@@ -35,6 +39,7 @@ void ring_waiter_init(struct ring_waiter *w)
 {
 	w->idle_since_ns = w->progress_ns = w->blocked_ns = 0;
 	w->peer = w->peer_here = -1;
+	w->peer_unknown = w->yield_ran = false;
 }
 
 /* Moves this thread to another CPU of its mask, then gives the mask back:
@@ -68,22 +73,37 @@ static void move_off(const struct kolo_ring_comm *rc, int cpu)
 
 /* Whether the peer w waits for last waited on our CPU; counts the waits
  * that found it there and moves off after MOVE_AFTER_WAITS of them. */
+/* Counts a wait whose peer ran on our CPU (shared) or not; after
+ * MOVE_AFTER_WAITS in a row the higher rank of the pair moves off. */
+static void count_shared(struct kolo_ring_comm *rc, const struct ring_waiter *w, bool shared,
+                         uint64_t now)
+{
+	rc->shared_waits = shared ? rc->shared_waits + 1 : 0;
+	if (shared && rc->cfg.spin_move && rc->shared_waits >= MOVE_AFTER_WAITS &&
+	    ring_global_rank(rc, rc->rank) > ring_global_rank(rc, w->peer) &&
+	    now - rc->moved_ns >= MOVE_EVERY_NS) {
+		move_off(rc, sched_getcpu());
+		rc->moved_ns = now;
+		rc->shared_waits = 0;
+	}
+}
+
+/* Whether the peer w waits for last waited on our CPU, as the transport
+ * tells (shared memory); false, with w->peer_unknown, where it cannot. */
 static bool peer_here(struct kolo_ring_comm *rc, struct ring_waiter *w, uint64_t now)
 {
-	if (w->peer < 0 || !rc->t->ops->peer_cpu || !rc->conns[w->peer])
+	if (w->peer < 0 || !rc->conns[w->peer] || w->peer_unknown)
 		return false;
 	int cpu = sched_getcpu();
-	bool here = cpu >= 0 && rc->t->ops->peer_cpu(rc->conns[w->peer], cpu) == cpu;
-	if (w->peer_here < 0) {
-		rc->shared_waits = here ? rc->shared_waits + 1 : 0;
-		if (here && rc->cfg.spin_move && rc->shared_waits >= MOVE_AFTER_WAITS &&
-		    ring_global_rank(rc, rc->rank) > ring_global_rank(rc, w->peer) &&
-		    now - rc->moved_ns >= MOVE_EVERY_NS) {
-			move_off(rc, cpu);
-			rc->moved_ns = now;
-			rc->shared_waits = 0;
-		}
+	int at = cpu >= 0 && rc->t->ops->peer_cpu ? rc->t->ops->peer_cpu(rc->conns[w->peer], cpu)
+	                                          : -1;
+	if (at < 0) {
+		w->peer_unknown = true;
+		return false;
 	}
+	bool here = at == cpu;
+	if (w->peer_here < 0)
+		count_shared(rc, w, here, now);
 	w->peer_here = here;
 	return here;
 }
@@ -105,6 +125,12 @@ static void adapt_spin(struct kolo_ring_comm *rc, uint64_t blocked)
 
 void ring_waiter_end(struct kolo_ring_comm *rc, struct ring_waiter *w)
 {
+	/* Where the transport cannot tell: a wait that ended right after a
+	 * yield that ran another thread was answered from our CPU. */
+	if (w->peer_unknown && w->peer >= 0 && w->idle_since_ns) {
+		count_shared(rc, w, w->yield_ran, kolo_now_ns());
+		w->yield_ran = false;
+	}
 	if (w->blocked_ns) {
 		adapt_spin(rc, kolo_now_ns() - w->blocked_ns);
 		w->blocked_ns = 0;
@@ -130,8 +156,11 @@ kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool p
 		 * CPU to make the progress we wait for. */
 		if (peer_here(rc, w, now) || rc->cfg.spin_yield ||
 		    (rc->cfg.spin_yield_after_us > 0 &&
-		     now - w->idle_since_ns >= (uint64_t)rc->cfg.spin_yield_after_us * 1000u))
+		     now - w->idle_since_ns >= (uint64_t)rc->cfg.spin_yield_after_us * 1000u)) {
 			sched_yield();
+			if (w->peer_unknown)
+				w->yield_ran = kolo_now_ns() - now >= YIELD_RAN_NS;
+		}
 		return KOLO_OK;
 	}
 	if (!w->blocked_ns)

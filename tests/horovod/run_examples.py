@@ -30,6 +30,8 @@ batches) and a timeout:
                      last accuracy >= --min-accuracy
   mnist_num_proc     the same script with --num-proc 4, which calls
                      horovod.run (kolo.run) and needs no launcher
+  mnist_adasum       the same script with --use-adasum
+                     (DistributedOptimizer(op=hvd.Adasum))
   imagenet           examples/pytorch/pytorch_imagenet_resnet50.py under
                      kolorun -np 4, 1 epoch, --batches-per-allreduce 2: its
                      train and validation progress bars complete, the
@@ -588,6 +590,13 @@ class MnistNumProc(Mnist):
                     self.work, os.path.join(self.work, "python"))
 
 
+class MnistAdasum(Mnist):
+    """The same script with --use-adasum: DistributedOptimizer(op=hvd.Adasum)
+    and the learning rate not scaled by the size, as Horovod runs it."""
+    name = "mnist_adasum"
+    args = Mnist.args + ["--use-adasum"]
+
+
 class Imagenet(Example):
     name = "imagenet"
     filename = "pytorch_imagenet_resnet50.py"
@@ -762,7 +771,7 @@ class TfKerasSynthetic(TfSynthetic):
             "--num-iters", "2"]
 
 
-EXAMPLES = [Synthetic, Mnist, MnistNumProc, Imagenet, SyntheticElastic, MnistElastic,
+EXAMPLES = [Synthetic, Mnist, MnistNumProc, MnistAdasum, Imagenet, SyntheticElastic, MnistElastic,
             TfSynthetic, TfKerasSynthetic]
 NAMES = [e.name for e in EXAMPLES]
 
