@@ -131,12 +131,6 @@ bool kolo_adasum_dtype(kolo_dtype_t dt)
 	       dt == KOLO_FLOAT64;
 }
 
-/* The rank of newrank pn (ranks 2i, i < rem, are folded into 2i + 1). */
-static int real_rank(int pn, int rem)
-{
-	return pn < rem ? pn * 2 + 1 : pn + rem;
-}
-
 /* v <- the sum of v over the 2d newranks of this one's group (those that
  * agree with it above bit d), by recursive doubling: every member ends with
  * the same bits (each step adds two identical operands, commutatively). */
@@ -144,8 +138,8 @@ static kolo_status_t group_sum(struct kolo_ring_comm *rc, int newrank, int d, in
 {
 	for (int m = 1; m <= d; m <<= 1) {
 		double o[3];
-		KOLO_CHECK(
-		        ring_exchange(rc, real_rank(newrank ^ m, rem), v, sizeof(o), o, sizeof(o)));
+		KOLO_CHECK(ring_exchange(rc, ring_rd_member(newrank ^ m, rem), v, sizeof(o), o,
+		                         sizeof(o)));
 		for (int k = 0; k < 3; k++)
 			v[k] += o[k];
 	}
@@ -166,7 +160,7 @@ static kolo_status_t adasum_vhdd(struct kolo_ring_comm *rc, char *buf, char *tmp
 	size_t lo = 0, hi = count, los[32], his[32];
 	int lv = 0;
 	for (int d = 1; d < pof2; d <<= 1, lv++) {
-		const int peer = real_rank(newrank ^ d, rem);
+		const int peer = ring_rd_member(newrank ^ d, rem);
 		const size_t mid = lo + (hi - lo) / 2;
 		const bool lower = (newrank & d) == 0;
 		const size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
@@ -189,7 +183,7 @@ static kolo_status_t adasum_vhdd(struct kolo_ring_comm *rc, char *buf, char *tmp
 		const size_t mid = los[lv] + (his[lv] - los[lv]) / 2;
 		const bool lower = (newrank & d) == 0;
 		const size_t olo = lower ? mid : los[lv], ohi = lower ? his[lv] : mid;
-		KOLO_CHECK(ring_exchange(rc, real_rank(newrank ^ d, rem), buf + lo * es,
+		KOLO_CHECK(ring_exchange(rc, ring_rd_member(newrank ^ d, rem), buf + lo * es,
 		                         (hi - lo) * es, buf + olo * es, (ohi - olo) * es));
 		lo = los[lv];
 		hi = his[lv];
@@ -200,22 +194,10 @@ static kolo_status_t adasum_vhdd(struct kolo_ring_comm *rc, char *buf, char *tmp
 /* buf (count elements of this rank) <- the Adasum of every rank's. */
 kolo_status_t ring_adasum(struct kolo_ring_comm *rc, char *buf, size_t count, kolo_dtype_t dtype)
 {
-	const int n = rc->size, r = rc->rank;
+	const int r = rc->rank;
 	const size_t bytes = count * kolo_dtype_size(dtype);
-	int pof2 = 1;
-	while (pof2 * 2 <= n)
-		pof2 *= 2;
-	const int rem = n - pof2;
-	int peers[80] = {0}, np = 0, newrank;
-	if (r < 2 * rem) {
-		peers[np++] = r % 2 == 0 ? r + 1 : r - 1;
-		newrank = r % 2 == 0 ? -1 : r / 2;
-	} else {
-		newrank = r - rem;
-	}
-	for (int mask = 1; newrank >= 0 && mask < pof2; mask <<= 1)
-		peers[np++] = real_rank(newrank ^ mask, rem);
-	KOLO_CHECK(ring_ensure_conns(rc, peers, np));
+	int pof2, rem, newrank, peers[40], np;
+	KOLO_CHECK(ring_rd_layout(rc, &pof2, &rem, &newrank, peers, &np));
 	KOLO_CHECK(ring_scratch_reserve(rc, KOLO_MAX(bytes, 1)));
 	char *tmp = rc->scratch;
 	if (r < 2 * rem && r % 2 == 0) {

@@ -12,27 +12,35 @@
  * fold into a partner and get the result back at the end. Every combination
  * is (lower rank's operand) op (higher rank's operand) on both partners, so
  * all ranks hold identical bits. */
+kolo_status_t ring_rd_layout(struct kolo_ring_comm *rc, int *pof2, int *rem, int *newrank,
+                             int *peers, int *np)
+{
+	const int n = rc->size, r = rc->rank;
+	int p = 1;
+	while (p * 2 <= n)
+		p *= 2;
+	const int e = n - p;
+	*pof2 = p;
+	*rem = e;
+	*np = 0;
+	if (r < 2 * e) {
+		peers[(*np)++] = r % 2 == 0 ? r + 1 : r - 1;
+		*newrank = r % 2 == 0 ? -1 : r / 2;
+	} else {
+		*newrank = r - e;
+	}
+	for (int mask = 1; *newrank >= 0 && mask < p; mask <<= 1)
+		peers[(*np)++] = ring_rd_member(*newrank ^ mask, e);
+	return ring_ensure_conns(rc, peers, *np);
+}
+
 static kolo_status_t allreduce_rd(struct kolo_ring_comm *rc, char *buf, size_t count,
                                   kolo_dtype_t dtype, kolo_op_t op)
 {
-	const int n = rc->size, r = rc->rank;
+	const int r = rc->rank;
 	const size_t bytes = count * kolo_dtype_size(dtype);
-	int pof2 = 1;
-	while (pof2 * 2 <= n)
-		pof2 *= 2;
-	const int rem = n - pof2;
-	int peers[40] = {0}, np = 0, newrank;
-	if (r < 2 * rem) {
-		peers[np++] = r % 2 == 0 ? r + 1 : r - 1;
-		newrank = r % 2 == 0 ? -1 : r / 2;
-	} else {
-		newrank = r - rem;
-	}
-	for (int mask = 1; newrank >= 0 && mask < pof2; mask <<= 1) {
-		int pn = newrank ^ mask;
-		peers[np++] = pn < rem ? pn * 2 + 1 : pn + rem;
-	}
-	KOLO_CHECK(ring_ensure_conns(rc, peers, np));
+	int pof2, rem, newrank, peers[40], np;
+	KOLO_CHECK(ring_rd_layout(rc, &pof2, &rem, &newrank, peers, &np));
 	KOLO_CHECK(ring_scratch_reserve(rc, KOLO_MAX(bytes, 1)));
 	char *tmp = rc->scratch;
 
@@ -47,8 +55,7 @@ static kolo_status_t allreduce_rd(struct kolo_ring_comm *rc, char *buf, size_t c
 		memcpy(buf, tmp, bytes);
 	}
 	for (int mask = 1; mask < pof2; mask <<= 1) {
-		int pn = newrank ^ mask;
-		int p = pn < rem ? pn * 2 + 1 : pn + rem;
+		int p = ring_rd_member(newrank ^ mask, rem);
 		KOLO_CHECK(ring_exchange(rc, p, buf, bytes, tmp, bytes));
 		if (p < r) {
 			kolo_reduce(tmp, buf, count, dtype, op);

@@ -40,12 +40,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     """Returns rank ``root_rank``'s ``obj`` on every rank (the others' ``obj``
     is ignored, and may be None). With ``comm`` (a process set's), over its
     members; ``root_rank`` stays a rank of the job, as in Horovod."""
-    root_rank = util.root(root_rank)
-    if comm is not None:
-        if root_rank not in comm.ranks:
-            raise ValueError(f"kolo: broadcast_object: root_rank {root_rank} is not in the "
-                             f"process set {comm.ranks}")
-        root_rank = comm.ranks.index(root_rank)
+    root_rank = util.set_root(root_rank, comm, "broadcast_object")
     name = util.op_name("broadcast_object", name, comm)
     is_root = (comm.rank() if comm is not None else kolo.rank()) == root_rank
     data = dumps(obj) if is_root else b""

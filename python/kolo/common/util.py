@@ -27,6 +27,18 @@ def op_name(kind: str, name: Optional[str], comm: Optional[kolo.Comm] = None) ->
     return kolo.op_name(kind, name or None, comm).decode()
 
 
+def set_root(root_rank: Any, comm: Any, what: str) -> int:
+    """A root given as a rank of the job (Horovod's convention, with process
+    sets too) as a rank of ``comm`` (a process set's kolo.Comm; None: the
+    job's)."""
+    r = root(root_rank)
+    if comm is None:
+        return r
+    if r not in comm.ranks:
+        raise ValueError(f"kolo: {what}: root_rank {r} is not in the process set {comm.ranks}")
+    return comm.ranks.index(r)
+
+
 def root(root_rank: Any) -> int:
     """``root_rank`` checked: an int that is a rank of this job."""
     try:

@@ -29,7 +29,7 @@ from kolo.common.basics import (  # noqa: F401
     stop_timeline)
 from kolo.common.handles import wait_all
 from kolo.common.util import label, split_rows
-from kolo.common.util import root as util_root
+from kolo.common.util import root as util_root, set_root
 
 from . import _bridge as B
 from ._bridge import XlaError  # noqa: F401
@@ -46,15 +46,6 @@ def _size(comm: Optional[kolo.Comm]) -> int:
     return comm.size() if comm is not None else kolo.size()
 
 
-def _set_root(root_rank: int, comm: Optional[kolo.Comm], what: str) -> int:
-    """A root given as a rank of the job (Horovod's convention, with process
-    sets too) as a rank of ``comm``."""
-    r = util_root(root_rank)
-    if comm is None:
-        return r
-    if r not in comm.ranks:
-        raise ValueError(f"kolo: {what}: root_rank {r} is not in the process set {comm.ranks}")
-    return comm.ranks.index(r)
 
 # ---- allreduce -------------------------------------------------------------
 
@@ -313,7 +304,7 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None,
     comm = _ps(process_set, "broadcast")
     x = _tensor(tensor)
     B.check(x, label("broadcast", name))
-    root = _set_root(root_rank, comm, "broadcast")
+    root = set_root(root_rank, comm, "broadcast")
     nm = B.name("broadcast", name, comm)
 
     @tf.custom_gradient
@@ -340,7 +331,7 @@ def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: Optional[
         return []
     for i, v in enumerate(variables):
         B.check(v, label("broadcast_", name, i))
-    root = _set_root(root_rank, comm, "broadcast_")
+    root = set_root(root_rank, comm, "broadcast_")
     base = B.name("broadcast_", name, comm)
     names = [f"{base}.{i}" for i in range(len(variables))]
 

@@ -54,7 +54,7 @@ from kolo.common.handles import poll, register as _register, synchronize  # noqa
 from kolo.common import basics as _basics
 from kolo.common.util import alltoall_meta, gathered_shapes, split_rows
 from kolo.common.util import label as _label, mismatch as _mismatch
-from kolo.common.util import op_name as _name, root as _root  # noqa: F401
+from kolo.common.util import op_name as _name, root as _root, set_root  # noqa: F401
 
 from .compression import Compression
 
@@ -70,15 +70,6 @@ def _size(comm: Optional[kolo.Comm]) -> int:
     return comm.size() if comm is not None else kolo.size()
 
 
-def _set_root(root_rank: Any, comm: Optional[kolo.Comm], what: str) -> int:
-    """A root given as a rank of the job (Horovod's convention, also with a
-    process set) as a rank of ``comm``."""
-    r = _root(root_rank)
-    if comm is None:
-        return r
-    if r not in comm.ranks:
-        raise ValueError(f"kolo: {what}: root_rank {r} is not in the process set {comm.ranks}")
-    return comm.ranks.index(r)
 
 
 def _check(tensor: Any, what: str, reduce: Optional[str] = None) -> kolo.Buffer:
@@ -433,7 +424,7 @@ def _broadcast_async(tensor: torch.Tensor, output: Optional[torch.Tensor], root_
                      name: Optional[str], process_set: Any) -> int:
     comm = _ps(process_set, "broadcast")
     _check(tensor, _label("broadcast", name))
-    root = _set_root(root_rank, comm, "broadcast")
+    root = set_root(root_rank, comm, "broadcast")
     if output is None:
         if _rank(comm) == root:
             with torch.no_grad():

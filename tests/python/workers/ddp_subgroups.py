@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 import kolo.torch.distributed  # noqa: F401 - registers backend "kolo"
 from _common import report
-from ddp_torch2 import STEPS, batch, full_params, model
+from ddp_torch2 import fsdp2
 
 torch.set_num_threads(1)
 
@@ -46,26 +46,12 @@ def groups(backend, rank, size):
 
 
 def hsdp(backend, rank):
-    from torch.distributed.fsdp import fully_shard
+    """ddp_torch2's FSDP2 training on a 2 x 2 mesh: fully_shard on a 2-D mesh
+    is hybrid sharding (replicate over dimension 0, shard over 1)."""
     over = None if backend == "kolo" else {0: "gloo", 1: "gloo"}
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"),
                             backend_override=over)
-    m = model()
-    for layer in m:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(m, mesh=mesh)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-    losses, params = [], []
-    for s in range(STEPS):
-        x, y = batch(s, rank)
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(m(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        params.append(full_params(m))
-    return {"losses": losses, "params": params,
+    return {**fsdp2(mesh, rank),
             "backends": [dist.get_backend(mesh.get_group(d)) for d in ("replicate", "shard")]}
 
 

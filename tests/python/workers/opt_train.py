@@ -180,10 +180,11 @@ def case_sum(rank):
     return {"params": flat(m)}
 
 
-def case_sparse_dense(rank):
+def case_sparse_dense(rank, sparse_as_dense=True):
     m = EmbNet(sparse=True)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                   named_parameters=m.named_parameters(), sparse_as_dense=True)
+                                   named_parameters=m.named_parameters(),
+                                   sparse_as_dense=sparse_as_dense)
     for s in range(STEPS):
         idx, y = emb_batch(s, rank)
         opt.zero_grad()
@@ -240,15 +241,7 @@ def case_bpps_exceeded(rank):
 def case_sparse(rank):
     """Sparse gradients without sparse_as_dense: allgathered indices and
     values, as in Horovod."""
-    m = EmbNet(sparse=True)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                   named_parameters=m.named_parameters())
-    for s in range(STEPS):
-        idx, y = emb_batch(s, rank)
-        opt.zero_grad()
-        loss_fn(m(idx), y).backward()
-        opt.step()
-    return {"params": flat(m), "sparse_grad": bool(m.emb.weight.grad.is_sparse)}
+    return case_sparse_dense(rank, sparse_as_dense=False)
 
 
 CASES = {k[5:]: v for k, v in globals().items() if k.startswith("case_")}
