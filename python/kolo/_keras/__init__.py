@@ -18,7 +18,7 @@ import numpy as np
 
 from kolo.common import arrays, util
 from kolo.common import variables as V
-from kolo.common.basics import Average, check_process_set, kolo_op, op_from
+from kolo.common.basics import Average, kolo_op, op_from, process_set_comm
 
 from . import reduce as R
 
@@ -69,7 +69,7 @@ def create_distributed_optimizer(keras: Any, optimizer: Any, name: Optional[str]
     """A new optimizer of a subclass of ``optimizer``'s class (same name, same
     config) whose gradients are averaged over every rank before they are
     applied."""
-    check_process_set(process_set, "DistributedOptimizer")
+    process_set_comm(process_set, "DistributedOptimizer")  # added, and this rank in it
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"kolo: DistributedOptimizer wraps a {keras.__name__} optimizer, not a "
                         f"{type(optimizer).__name__} (torch optimizers: kolo.torch)")
@@ -95,7 +95,7 @@ def create_distributed_optimizer(keras: Any, optimizer: Any, name: Optional[str]
     opt._kolo_cls = cls
     opt._kolo_reduced = False
     opt._kolo_reduce = R.reducer(backend_name(keras), "DistributedOptimizer", op, compression,
-                                 sparse_as_dense, gradient_predivide_factor, post)
+                                 sparse_as_dense, gradient_predivide_factor, post, process_set)
     return opt
 
 

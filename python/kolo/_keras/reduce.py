@@ -21,7 +21,7 @@ import numpy as np
 import kolo
 from kolo.common import arrays
 from kolo.common.elastic import note_callback_error
-from kolo.common.basics import kolo_op
+from kolo.common.basics import global_process_set, kolo_op, process_set_comm
 from kolo.common.util import predivide_scales
 from kolo.common.handles import wait_all
 
@@ -35,11 +35,15 @@ def _names(prefix: str, variables: List[Any]) -> List[str]:
 
 
 def reducer(backend: str, prefix: str, op: int, compression: Any, sparse_as_dense: bool,
-            predivide: float, post: float) -> Callable[[list, list], list]:
-    """``reduce(grads, variables) -> grads`` for ``backend``; None stays
-    None."""
+            predivide: float, post: float,
+            process_set: Any = global_process_set) -> Callable[[list, list], list]:
+    """``reduce(grads, variables) -> grads`` for ``backend``, over the ranks of
+    ``process_set``; None stays None."""
+    comm = process_set_comm(process_set, prefix)
+
     def reduce(grads: list, variables: list) -> list:
-        rop, pre, post_ = predivide_scales(op, predivide, post, kolo.size())
+        n = comm.size() if comm is not None else kolo.size()
+        rop, pre, post_ = predivide_scales(op, predivide, post, n)
         keep = [i for i, g in enumerate(grads) if g is not None]
         if not keep:
             return grads
@@ -51,11 +55,12 @@ def reducer(backend: str, prefix: str, op: int, compression: Any, sparse_as_dens
             from kolo.tensorflow import gradients as G
             out = G.reduce_gradients(gs, vs, prefix, op=op, compression=compression,
                                      sparse_as_dense=sparse_as_dense,
-                                     gradient_predivide_factor=predivide, postscale=post)
+                                     gradient_predivide_factor=predivide, postscale=post,
+                                     process_set=process_set)
         elif backend == "torch":
-            out = _torch(gs, ns, rop, pre, post_, compression)
+            out = _torch(gs, ns, rop, pre, post_, compression, process_set)
         elif backend == "jax":
-            out = _jax(gs, ns, rop, pre, post_, compression)
+            out = _jax(gs, ns, rop, pre, post_, compression, comm)
         else:
             raise NotImplementedError(f"kolo: the Keras backend {backend!r} is not supported "
                                       f"(tensorflow, torch, jax)")
@@ -66,15 +71,16 @@ def reducer(backend: str, prefix: str, op: int, compression: Any, sparse_as_dens
     return reduce
 
 
-def _torch(gs, ns, op, pre, post, compression):
+def _torch(gs, ns, op, pre, post, compression, process_set):
     import kolo.torch as kt
     pairs = [compression.compress(g.contiguous()) for g in gs]
-    hs = [kt.allreduce_async(c, name=n, op=op, prescale_factor=pre, postscale_factor=post)
+    hs = [kt.allreduce_async(c, name=n, op=op, prescale_factor=pre, postscale_factor=post,
+                             process_set=process_set)
           for (c, _), n in zip(pairs, ns)]
     return [compression.decompress(kt.synchronize(h), ctx) for h, (_, ctx) in zip(hs, pairs)]
 
 
-def _jax(gs, ns, op, pre, post, compression):
+def _jax(gs, ns, op, pre, post, compression, comm):
     import jax
     from jax.experimental import io_callback
     kop = kolo_op(op)
@@ -83,7 +89,7 @@ def _jax(gs, ns, op, pre, post, compression):
 
     def host(*xs):
         try:
-            return wait_all([arrays.allreduce(np.array(x), n, kop, pre, post)
+            return wait_all([arrays.allreduce(np.array(x), n, kop, pre, post, comm)
                              for x, n in zip(xs, ns)])
         except kolo.Error as e:  # jax raises it as its own runtime error
             note_callback_error(e)

@@ -2,7 +2,11 @@
 single-process training on the concatenated batch, on the backend that
 KERAS_BACKEND names.
 
-Usage: keras_fit.py CASE, CASE one of plain, clipnorm, lossscale, bpps2.
+Usage: keras_fit.py CASE, CASE one of plain, clipnorm, lossscale, bpps2,
+processset. processset: the optimizer averages over the process set of the
+even ranks only, and the reference trains on their batches alone; the odd
+ranks train with a plain optimizer beside (they take part in the callbacks'
+job-wide collectives) and report nothing to compare.
 Every rank starts from different weights (BroadcastGlobalVariablesCallback
 must make them rank 0's), trains 2 epochs of 3 steps on its shard, and
 trains a reference model in the same process, from rank 0's weights, on the
@@ -67,8 +71,14 @@ Y = g.normal(size=(N, EPOCHS, STEPS, B, 3)).astype("float32")
 # distributed
 model = model_from(R)  # different weights on every rank
 bpps = 2 if CASE == "bpps2" else 1
-opt = hvd.DistributedOptimizer(optimizer(), backward_passes_per_step=bpps,
-                               average_aggregated_gradients=True)
+MEMBERS = list(range(0, N, 2)) if CASE == "processset" else list(range(N))
+if CASE == "processset":
+    ps = hvd.add_process_set(MEMBERS)
+    opt = hvd.DistributedOptimizer(optimizer(), process_set=ps) if R in MEMBERS else \
+        optimizer()
+else:
+    opt = hvd.DistributedOptimizer(optimizer(), backward_passes_per_step=bpps,
+                                   average_aggregated_gradients=True)
 model.compile(optimizer=opt, loss="mse", run_eagerly=os.environ.get("KOLO_KERAS_EAGER") == "1")
 losses = []
 cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
@@ -85,14 +95,15 @@ if bpps > 1:
                                    gradient_accumulation_steps=bpps)
 ref.compile(optimizer=ref_opt, loss="mse")
 for e in range(EPOCHS):
-    xs = np.concatenate([X[:, e, s].reshape(-1, 5) for s in range(STEPS)])
-    ys = np.concatenate([Y[:, e, s].reshape(-1, 3) for s in range(STEPS)])
-    ref.fit(xs, ys, batch_size=B * N, epochs=1, shuffle=False, verbose=0)
+    xs = np.concatenate([X[MEMBERS, e, s].reshape(-1, 5) for s in range(STEPS)])
+    ys = np.concatenate([Y[MEMBERS, e, s].reshape(-1, 3) for s in range(STEPS)])
+    ref.fit(xs, ys, batch_size=B * len(MEMBERS), epochs=1, shuffle=False, verbose=0)
 
 diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
            for a, b in zip(model.get_weights(), ref.get_weights()))
 scale = max(float(np.max(np.abs(np.asarray(b)))) for b in ref.get_weights())
 report({"backend": BACKEND, "case": CASE, "diff": diff, "scale": scale,
+        "member": R in MEMBERS,
         "losses": losses, "checksum": float(sum(np.sum(np.asarray(w, np.float64))
                                                 for w in model.get_weights()))})
 hvd.shutdown()
