@@ -191,25 +191,28 @@ static kolo_status_t adasum_vhdd(struct kolo_ring_comm *rc, char *buf, char *tmp
 	return KOLO_OK;
 }
 
+struct adasum_ctx {
+	size_t count;
+	kolo_dtype_t dtype;
+};
+
+/* buf <- adasum(lower, buf), the lower rank's vector as a. */
+static void fold_adasum(void *arg, char *buf, char *lower)
+{
+	const struct adasum_ctx *c = arg;
+	kolo_adasum_combine(buf, lower, buf, c->count, c->dtype);
+}
+
 /* buf (count elements of this rank) <- the Adasum of every rank's. */
 kolo_status_t ring_adasum(struct kolo_ring_comm *rc, char *buf, size_t count, kolo_dtype_t dtype)
 {
-	const int r = rc->rank;
 	const size_t bytes = count * kolo_dtype_size(dtype);
-	int pof2, rem, newrank, peers[40], np;
-	KOLO_CHECK(ring_rd_layout(rc, &pof2, &rem, &newrank, peers, &np));
-	KOLO_CHECK(ring_scratch_reserve(rc, KOLO_MAX(bytes, 1)));
-	char *tmp = rc->scratch;
-	if (r < 2 * rem && r % 2 == 0) {
-		KOLO_CHECK(ring_exchange(rc, r + 1, buf, bytes, NULL, 0));
-		return ring_exchange(rc, r + 1, NULL, 0, buf, bytes);
-	}
-	if (r < 2 * rem) {
-		KOLO_CHECK(ring_exchange(rc, r - 1, NULL, 0, tmp, bytes));
-		kolo_adasum_combine(buf, tmp, buf, count, dtype);
-	}
-	KOLO_CHECK(adasum_vhdd(rc, buf, tmp, count, dtype, newrank, pof2, rem));
-	if (r < 2 * rem)
-		KOLO_CHECK(ring_exchange(rc, r - 1, buf, bytes, NULL, 0));
-	return KOLO_OK;
+	struct adasum_ctx c = {count, dtype};
+	struct ring_rd rd;
+	bool done;
+	KOLO_CHECK(ring_rd_begin(rc, buf, bytes, fold_adasum, &c, &rd, &done));
+	if (done)
+		return KOLO_OK;
+	KOLO_CHECK(adasum_vhdd(rc, buf, rd.tmp, count, dtype, rd.newrank, rd.pof2, rd.rem));
+	return ring_rd_end(rc, &rd, buf, bytes);
 }

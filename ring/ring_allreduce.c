@@ -7,13 +7,10 @@
 
 #include "ring_internal.h"
 
-/* buf (count elements, this rank's prescaled data) ← the reduction over all
- * ranks, by recursive doubling. Ranks beyond the largest power of two first
- * fold into a partner and get the result back at the end. Every combination
- * is (lower rank's operand) op (higher rank's operand) on both partners, so
- * all ranks hold identical bits. */
-kolo_status_t ring_rd_layout(struct kolo_ring_comm *rc, int *pof2, int *rem, int *newrank,
-                             int *peers, int *np)
+/* The layout (ring_internal.h, struct ring_rd): this rank's newrank, and in
+ * peers[0..*np) every member it exchanges with, connected. */
+static kolo_status_t ring_rd_layout(struct kolo_ring_comm *rc, int *pof2, int *rem, int *newrank,
+                                    int *peers, int *np)
 {
 	const int n = rc->size, r = rc->rank;
 	int p = 1;
@@ -34,26 +31,68 @@ kolo_status_t ring_rd_layout(struct kolo_ring_comm *rc, int *pof2, int *rem, int
 	return ring_ensure_conns(rc, peers, *np);
 }
 
+kolo_status_t ring_rd_begin(struct kolo_ring_comm *rc, char *buf, size_t bytes,
+                            ring_rd_fold_fn fold, void *ctx, struct ring_rd *rd, bool *done)
+{
+	const int r = rc->rank;
+	int peers[40], np;
+	*done = false;
+	KOLO_CHECK(ring_rd_layout(rc, &rd->pof2, &rd->rem, &rd->newrank, peers, &np));
+	KOLO_CHECK(ring_scratch_reserve(rc, KOLO_MAX(bytes, 1)));
+	rd->tmp = rc->scratch;
+	if (r < 2 * rd->rem && r % 2 == 0) {
+		/* Hand the data to r + 1, then get the result back. */
+		*done = true;
+		KOLO_CHECK(ring_exchange(rc, r + 1, buf, bytes, NULL, 0));
+		return ring_exchange(rc, r + 1, NULL, 0, buf, bytes);
+	}
+	if (r < 2 * rd->rem) {
+		KOLO_CHECK(ring_exchange(rc, r - 1, NULL, 0, rd->tmp, bytes));
+		fold(ctx, buf, rd->tmp);
+	}
+	return KOLO_OK;
+}
+
+kolo_status_t ring_rd_end(struct kolo_ring_comm *rc, const struct ring_rd *rd, char *buf,
+                          size_t bytes)
+{
+	if (rc->rank < 2 * rd->rem)
+		return ring_exchange(rc, rc->rank - 1, buf, bytes, NULL, 0);
+	return KOLO_OK;
+}
+
+struct reduce_ctx {
+	size_t count;
+	kolo_dtype_t dtype;
+	kolo_op_t op;
+};
+
+/* buf <- lower (op) buf, in that order (the lower rank's operand first). */
+static void fold_reduce(void *arg, char *buf, char *lower)
+{
+	const struct reduce_ctx *c = arg;
+	kolo_reduce(lower, buf, c->count, c->dtype, c->op);
+	memcpy(buf, lower, c->count * kolo_dtype_size(c->dtype));
+}
+
+/* buf (count elements, this rank's prescaled data) ← the reduction over all
+ * ranks, by recursive doubling. Ranks beyond the largest power of two first
+ * fold into a partner and get the result back at the end. Every combination
+ * is (lower rank's operand) op (higher rank's operand) on both partners, so
+ * all ranks hold identical bits. */
 static kolo_status_t allreduce_rd(struct kolo_ring_comm *rc, char *buf, size_t count,
                                   kolo_dtype_t dtype, kolo_op_t op)
 {
 	const int r = rc->rank;
 	const size_t bytes = count * kolo_dtype_size(dtype);
-	int pof2, rem, newrank, peers[40], np;
-	KOLO_CHECK(ring_rd_layout(rc, &pof2, &rem, &newrank, peers, &np));
-	KOLO_CHECK(ring_scratch_reserve(rc, KOLO_MAX(bytes, 1)));
-	char *tmp = rc->scratch;
-
-	if (r < 2 * rem && r % 2 == 0) {
-		/* Hand the data to r + 1, then get the result back. */
-		KOLO_CHECK(ring_exchange(rc, r + 1, buf, bytes, NULL, 0));
-		return ring_exchange(rc, r + 1, NULL, 0, buf, bytes);
-	}
-	if (r < 2 * rem) {
-		KOLO_CHECK(ring_exchange(rc, r - 1, NULL, 0, tmp, bytes));
-		kolo_reduce(tmp, buf, count, dtype, op);
-		memcpy(buf, tmp, bytes);
-	}
+	struct ring_rd rd;
+	struct reduce_ctx c = {count, dtype, op};
+	bool done;
+	KOLO_CHECK(ring_rd_begin(rc, buf, bytes, fold_reduce, &c, &rd, &done));
+	if (done)
+		return KOLO_OK;
+	const int pof2 = rd.pof2, rem = rd.rem, newrank = rd.newrank;
+	char *tmp = rd.tmp;
 	for (int mask = 1; mask < pof2; mask <<= 1) {
 		int p = ring_rd_member(newrank ^ mask, rem);
 		KOLO_CHECK(ring_exchange(rc, p, buf, bytes, tmp, bytes));
@@ -64,9 +103,7 @@ static kolo_status_t allreduce_rd(struct kolo_ring_comm *rc, char *buf, size_t c
 			kolo_reduce(buf, tmp, count, dtype, op);
 		}
 	}
-	if (r < 2 * rem)
-		KOLO_CHECK(ring_exchange(rc, r - 1, buf, bytes, NULL, 0));
-	return KOLO_OK;
+	return ring_rd_end(rc, &rd, buf, bytes);
 }
 
 /* buf ← the reduction over all ranks in one step: every rank sends its data

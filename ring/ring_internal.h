@@ -147,18 +147,29 @@ kolo_status_t ring_test_sends(struct kolo_ring_comm *rc, struct kolo_req **sreq,
  * timeout names the first peer still waited for. */
 kolo_status_t ring_wait_all(struct kolo_ring_comm *rc, struct kolo_req **reqs, const int *peers,
                             int n);
-/* The recursive-doubling layout of rc (ring_allreduce.c): with pof2 the
- * largest power of two <= size and rem = size - pof2, ranks 2i < 2 rem fold
- * into 2i + 1; *newrank is this rank's place among the pof2 survivors (-1 for
- * a folded rank), and peers[0..*np) every member it exchanges with (at most
- * 40). Connects them. */
-kolo_status_t ring_rd_layout(struct kolo_ring_comm *rc, int *pof2, int *rem, int *newrank,
-                             int *peers, int *np);
 /* The member of newrank pn under rem folded pairs. */
 static inline int ring_rd_member(int pn, int rem)
 {
 	return pn < rem ? pn * 2 + 1 : pn + rem;
 }
+/* Recursive doubling's fold (ring_allreduce.c), around a body over the pof2
+ * survivors: with pof2 the largest power of two <= size and rem = size -
+ * pof2, ranks 2i < 2 rem fold into 2i + 1; newrank is a rank's place among
+ * the survivors (ring_rd_member maps it back). begin: connects every
+ * partner, takes rc->scratch (bytes) as rd->tmp, then rank 2i hands buf to
+ * 2i + 1 and gets the result back (*done: nothing more to do), and rank
+ * 2i + 1 sets buf to fold(ctx, buf, the lower rank's data). end: rank 2i + 1
+ * hands the result back. */
+struct ring_rd {
+	int pof2, rem, newrank;
+	char *tmp;
+};
+/* lower is scratch: the fold may overwrite it. */
+typedef void (*ring_rd_fold_fn)(void *ctx, char *buf, char *lower);
+kolo_status_t ring_rd_begin(struct kolo_ring_comm *rc, char *buf, size_t bytes,
+                            ring_rd_fold_fn fold, void *ctx, struct ring_rd *rd, bool *done);
+kolo_status_t ring_rd_end(struct kolo_ring_comm *rc, const struct ring_rd *rd, char *buf,
+                          size_t bytes);
 /* buf (count elements, prescaled) <- the Adasum of every rank's buf over the
  * recursive-doubling tree (ring_adasum.c). */
 kolo_status_t ring_adasum(struct kolo_ring_comm *rc, char *buf, size_t count, kolo_dtype_t dtype);
