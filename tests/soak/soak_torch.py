@@ -98,7 +98,8 @@ class Soak:
             "PYTHONPATH": os.path.join(REPO, "python"), "KOLO_LIBRARY": lib,
             "OMP_NUM_THREADS": "1", "KOLO_HEARTBEAT_MS": "300",
             "KOLO_ELASTIC_LEAVE_GRACE_MS": "20000", "KOLO_IFACE": "127.0.0.1",
-            "KOLO_LOG_LEVEL": "info", "KOLO_TIMEOUT_MS": str(TIMEOUT_MS)})
+            "KOLO_LOG_LEVEL": "info", "KOLO_TIMEOUT_MS": str(TIMEOUT_MS),
+            "PYTHONFAULTHANDLER": "1"})
         self.server = subprocess.Popen(
             [os.path.join(a.bin, "kolo-rendezvous"), "--listen", "127.0.0.1:0", "--token-file",
              token, "--min-np", "2", "--max-np", str(MAX_NP), "--settle-ms", "300"],
@@ -233,6 +234,27 @@ class Soak:
         spares = err.count("ended before this worker got a rank")
         return len(hashes), spares
 
+    def forensics(self):
+        """Where a kolorun did not end: SIGABRT to its live workers (with
+        PYTHONFAULTHANDLER set, each prints every thread's Python stack),
+        then the tail of every log, so that a failure in CI shows its cause."""
+        stuck = [pid for pid in self.live() if self.pids[pid].proc.poll() is None]
+        for pid in stuck:
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGABRT)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and set(stuck) & set(self.live()):
+            time.sleep(0.1)
+        names = [f"run{r.idx}.err" for r in self.runs] + ["rendezvous.err"]
+        for name in names:
+            lines = open(os.path.join(self.tmp, name), errors="replace").read().splitlines()
+            print(f"soak_torch: ---- the last {min(len(lines), 40)} lines of {name}", flush=True)
+            for line in lines[-40:]:
+                print(f"soak_torch: | {line}", flush=True)
+
     def close(self):
         for r in self.runs:
             if r.proc.poll() is None:
@@ -269,6 +291,8 @@ def main():
     try:
         s.run()
         final, spares = s.check()
+        if s.failures:
+            s.forensics()
     finally:
         s.close()
     kinds = {k: sum(f": {k}" in e for e in s.events)

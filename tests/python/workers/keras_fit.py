@@ -2,8 +2,9 @@
 single-process training on the concatenated batch, on the backend that
 KERAS_BACKEND names.
 
-Usage: keras_fit.py CASE, CASE one of plain, clipnorm, lossscale, bpps2,
-processset. processset: the optimizer averages over the process set of the
+Usage: keras_fit.py CASE[,CASE...], each one of plain, clipnorm, lossscale,
+bpps2, processset, run one after another in the same processes (one report
+per case). processset: the optimizer averages over the process set of the
 even ranks only, and the reference trains on their batches alone; the odd
 ranks train with a plain optimizer beside (they take part in the callbacks'
 job-wide collectives) and report nothing to compare.
@@ -34,7 +35,7 @@ else:
     BACKEND = keras.backend.backend()
 from _common import report  # noqa: E402
 
-CASE = sys.argv[1] if len(sys.argv) > 1 else "plain"
+CASES = (sys.argv[1] if len(sys.argv) > 1 else "plain").split(",")
 hvd.init()
 R, N = hvd.rank(), hvd.size()
 B, STEPS, EPOCHS = 4, 3, 2
@@ -51,12 +52,12 @@ def model_from(seed_offset):
     return m
 
 
-def optimizer():
+def optimizer(case):
     kw = {"learning_rate": 0.1}
-    if CASE == "clipnorm":
+    if case == "clipnorm":
         kw["clipnorm"] = 0.05
     opt = keras.optimizers.SGD(momentum=0.9, **kw)
-    if CASE == "lossscale":
+    if case == "lossscale":
         lso = keras.optimizers.LossScaleOptimizer if hasattr(keras.optimizers,
                                                              "LossScaleOptimizer") else \
             keras.mixed_precision.LossScaleOptimizer
@@ -64,46 +65,56 @@ def optimizer():
     return opt
 
 
-g = np.random.default_rng(7)
-X = g.normal(size=(N, EPOCHS, STEPS, B, 5)).astype("float32")   # [rank, epoch, step, row]
-Y = g.normal(size=(N, EPOCHS, STEPS, B, 3)).astype("float32")
+def run_case(case):
+    keras.backend.clear_session()
+    g = np.random.default_rng(7)
+    X = g.normal(size=(N, EPOCHS, STEPS, B, 5)).astype("float32")   # [rank, epoch, step, row]
+    Y = g.normal(size=(N, EPOCHS, STEPS, B, 3)).astype("float32")
 
-# distributed
-model = model_from(R)  # different weights on every rank
-bpps = 2 if CASE == "bpps2" else 1
-MEMBERS = list(range(0, N, 2)) if CASE == "processset" else list(range(N))
-if CASE == "processset":
-    ps = hvd.add_process_set(MEMBERS)
-    opt = hvd.DistributedOptimizer(optimizer(), process_set=ps) if R in MEMBERS else \
-        optimizer()
-else:
-    opt = hvd.DistributedOptimizer(optimizer(), backward_passes_per_step=bpps,
-                                   average_aggregated_gradients=True)
-model.compile(optimizer=opt, loss="mse", run_eagerly=os.environ.get("KOLO_KERAS_EAGER") == "1")
-losses = []
-cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
-for e in range(EPOCHS):
-    h = model.fit(X[R, e].reshape(-1, 5), Y[R, e].reshape(-1, 3), batch_size=B, epochs=1,
-                  shuffle=False, verbose=0, callbacks=cbs)
-    losses.append(float(h.history["loss"][-1]))
+    # distributed
+    model = model_from(R)  # different weights on every rank
+    bpps = 2 if case == "bpps2" else 1
+    members = list(range(0, N, 2)) if case == "processset" else list(range(N))
+    if case == "processset":
+        ps = hvd.add_process_set(members)
+        opt = hvd.DistributedOptimizer(optimizer(case), process_set=ps) if R in members else \
+            optimizer(case)
+    else:
+        opt = hvd.DistributedOptimizer(optimizer(case), backward_passes_per_step=bpps,
+                                       average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse",
+                  run_eagerly=os.environ.get("KOLO_KERAS_EAGER") == "1")
+    losses = []
+    cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+           hvd.callbacks.MetricAverageCallback()]
+    for e in range(EPOCHS):
+        h = model.fit(X[R, e].reshape(-1, 5), Y[R, e].reshape(-1, 3), batch_size=B, epochs=1,
+                      shuffle=False, verbose=0, callbacks=cbs)
+        losses.append(float(h.history["loss"][-1]))
 
-# reference: one process, rank 0's initial weights, the global batches
-ref = model_from(0)
-ref_opt = optimizer()
-if bpps > 1:
-    ref_opt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9,
-                                   gradient_accumulation_steps=bpps)
-ref.compile(optimizer=ref_opt, loss="mse")
-for e in range(EPOCHS):
-    xs = np.concatenate([X[MEMBERS, e, s].reshape(-1, 5) for s in range(STEPS)])
-    ys = np.concatenate([Y[MEMBERS, e, s].reshape(-1, 3) for s in range(STEPS)])
-    ref.fit(xs, ys, batch_size=B * len(MEMBERS), epochs=1, shuffle=False, verbose=0)
+    # reference: one process, rank 0's initial weights, the global batches
+    ref = model_from(0)
+    ref_opt = optimizer(case)
+    if bpps > 1:
+        ref_opt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9,
+                                       gradient_accumulation_steps=bpps)
+    ref.compile(optimizer=ref_opt, loss="mse")
+    for e in range(EPOCHS):
+        xs = np.concatenate([X[members, e, s].reshape(-1, 5) for s in range(STEPS)])
+        ys = np.concatenate([Y[members, e, s].reshape(-1, 3) for s in range(STEPS)])
+        ref.fit(xs, ys, batch_size=B * len(members), epochs=1, shuffle=False, verbose=0)
 
-diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-           for a, b in zip(model.get_weights(), ref.get_weights()))
-scale = max(float(np.max(np.abs(np.asarray(b)))) for b in ref.get_weights())
-report({"backend": BACKEND, "case": CASE, "diff": diff, "scale": scale,
-        "member": R in MEMBERS,
-        "losses": losses, "checksum": float(sum(np.sum(np.asarray(w, np.float64))
-                                                for w in model.get_weights()))})
+    diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(model.get_weights(), ref.get_weights()))
+    scale = max(float(np.max(np.abs(np.asarray(b)))) for b in ref.get_weights())
+    report({"backend": BACKEND, "case": case, "diff": diff, "scale": scale,
+            "member": R in members,
+            "losses": losses, "checksum": float(sum(np.sum(np.asarray(w, np.float64))
+                                                    for w in model.get_weights()))})
+    if case == "processset":
+        hvd.remove_process_set(ps)
+
+
+for c in CASES:
+    run_case(c)
 hvd.shutdown()
