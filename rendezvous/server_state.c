@@ -321,6 +321,13 @@ void rdzv_job_tick(struct rdzv_state *st, struct rdzv_job *j, uint64_t now)
 		else if (restored_round_waits_for_settle(j) &&
 		         now >= j->last_claim_ms + (uint64_t)j->cfg.settle_ms)
 			form_round(st, j);
+		else if (j->state == RDZV_JOB_RUNNING && !rdzv_job_pending_change(j) &&
+		         members_at_commit(j))
+			/* Every member asks past the round and none was reported:
+			 * the round ended by a failure that found nobody dead (a
+			 * timeout among live ranks). The same workers, with spares
+			 * in any room, form the next; nothing else would. */
+			form_round(st, j);
 		break;
 	}
 }

@@ -139,6 +139,35 @@ START_TEST(pending_change_waits_for_commit)
 }
 END_TEST
 
+/* A round that ended with every member alive (a timeout among live
+ * ranks): once every member asks past it, the same workers form the next
+ * round at once, with no change pending; the spare that max_np kept out
+ * stays out. Not while one member still trains in the round. */
+START_TEST(members_past_the_round_reform)
+{
+	state_setup(2, 3, 100, 10000);
+	struct rdzv_worker *w[3];
+	struct rdzv_job *j = formed_job(3, 100, w);
+	struct rdzv_worker *spare = join_at(j, "h", 150);
+	ck_assert(!rdzv_job_pending_change(j));
+	w[0]->commit_round = w[1]->commit_round = j->round;
+	rdzv_job_tick(&st, j, 200);
+	ck_assert_int_eq(j->round, 1); /* w[2] has not left the round */
+	w[2]->commit_round = j->round;
+	rdzv_job_tick(&st, j, 201);
+	ck_assert_int_eq(j->round, 2);
+	ck_assert_int_eq(j->n_members, 3);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_ge(w[i]->rank, 0);
+		ck_assert(rdzv_job_assignment_ready(j, w[i], 1));
+	}
+	ck_assert_int_eq(spare->rank, -1);
+	/* The new round runs until its members leave it in turn. */
+	rdzv_job_tick(&st, j, 300);
+	ck_assert_int_eq(j->round, 2);
+}
+END_TEST
+
 /* Leases run out at exactly lease_ms; a held poll keeps them. A member
  * lost re-forms at once with the rest. */
 START_TEST(lease_expiry_reforms)
@@ -313,6 +342,7 @@ static Suite *server_state_suite(void)
 	tcase_add_test(tc, settle_after_last_join);
 	tcase_add_test(tc, max_np_forms_at_once);
 	tcase_add_test(tc, pending_change_waits_for_commit);
+	tcase_add_test(tc, members_past_the_round_reform);
 	tcase_add_test(tc, lease_expiry_reforms);
 	tcase_add_test(tc, graceful_leaves_are_counted_apart);
 	tcase_add_test(tc, restored_round_from_claims);
