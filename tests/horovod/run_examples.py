@@ -52,6 +52,18 @@ batches) and a timeout:
                      (TF_USE_LEGACY_KERAS=1, tf_keras), with
                      "import horovod.tensorflow[.keras] as hvd" changed to
                      kolo.tensorflow[.keras]: the benchmark lines
+  tf2_mnist          examples/tensorflow2/tensorflow2_mnist.py and
+  tf2_keras_mnist    tensorflow2_keras_mnist.py, the same way, run to their
+                     end (2500 and 3000 steps: long on CPUs): the loss falls,
+                     the Keras one reaches --min-accuracy, rank 0 writes its
+                     checkpoint
+  tf2_mnist_elastic  examples/elastic/tensorflow2/tensorflow2_mnist_elastic.py
+  tf2_keras_mnist_elastic   and tensorflow2_keras_mnist_elastic.py: the
+                     kill-and-join scenario above, on the legacy tf.keras
+                     The TensorFlow MNIST examples call
+                     keras.datasets.mnist.load_data, which downloads; the
+                     runner puts tests/horovod/keras_data first on PYTHONPATH,
+                     whose sitecustomize answers it from the local files
 
 One summary line per example ("run_examples: SUMMARY <name>: PASS ...") and
 a closing count; the exit status is 0 only when every selected example
@@ -771,8 +783,112 @@ class TfKerasSynthetic(TfSynthetic):
             "--num-iters", "2"]
 
 
+KERAS_DATA = os.path.join(HERE, "keras_data")  # its sitecustomize serves MNIST locally
+TF_STEP = re.compile(r"Step #(\d+)\tLoss: ([0-9.]+)")
+KERAS_EPOCH = re.compile(r"Epoch (\d+)/(\d+)")
+KERAS_ACC = re.compile(r" - loss: ([0-9.]+) - accuracy: ([0-9.]+)")
+
+
+class TfMnistData:
+    """The TensorFlow MNIST examples call keras.datasets.mnist.load_data,
+    which downloads: tests/horovod/keras_data/sitecustomize.py answers it
+    from make_data.py's files (KOLO_EXAMPLE_MNIST), the example unchanged."""
+
+    framework = "tensorflow"
+
+    def env(self) -> dict:
+        env = super().env()
+        env.update({"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3",
+                    "KOLO_EXAMPLE_MNIST": os.path.join(data_mnist(self.ctx), "MNIST", "raw"),
+                    "PYTHONPATH": os.pathsep.join([KERAS_DATA, env["PYTHONPATH"]])})
+        return env
+
+    def check_losses(self, out: str) -> str:
+        steps = [(int(a), float(b)) for a, b in TF_STEP.findall(out)]
+        self.need(len(steps) >= 2, f"{len(steps)} 'Step #' lines")
+        first, last = steps[0][1], min(x for _, x in steps[-3:])
+        self.need(last < first, f"the loss did not fall: {first} at step {steps[0][0]}, "
+                                f"{steps[-1][1]} at step {steps[-1][0]}")
+        return f"loss {first} at step {steps[0][0]} -> {steps[-1][1]} at step {steps[-1][0]}"
+
+
+class TfMnist(TfMnistData, Example):
+    """examples/tensorflow2/tensorflow2_mnist.py: a tf.function step with
+    DistributedGradientTape and broadcast_variables after the first step,
+    10000 // size steps; rank 0 writes a checkpoint."""
+    name = "tf2_mnist"
+    filename = "tensorflow2_mnist.py"
+    timeout = 3600
+
+    def run(self) -> None:
+        p = self.kolorun(NP, [], "kolorun")
+        rc = p.finish(self.deadline())
+        self.need(rc == 0, f"kolorun exited {rc}")
+        out = p.stdout()
+        steps = [int(a) for a, _ in TF_STEP.findall(out)]
+        self.need(steps and steps[-1] == (10000 // NP - 1) // 10 * 10,
+                  f"the last 'Step #' line is {steps[-1:]}, not of step {10000 // NP - 1}")
+        self.need(any(f.startswith("checkpoints") for f in os.listdir(self.work)),
+                  "rank 0 wrote no checkpoint")
+        self.figures = self.check_losses(out) + f"; {len(steps)} lines, checkpoint written"
+        self.no_traceback(p)
+
+
+class TfKerasMnist(TfMnistData, Example):
+    """examples/tensorflow2/tensorflow2_keras_mnist.py: fit with
+    DistributedOptimizer, the broadcast, metric-average and warm-up
+    callbacks, 24 epochs of 500 // size steps; rank 0 checkpoints each."""
+    name = "tf2_keras_mnist"
+    filename = "tensorflow2_keras_mnist.py"
+    timeout = 3600
+
+    def run(self) -> None:
+        p = self.kolorun(NP, [], "kolorun")
+        rc = p.finish(self.deadline())
+        self.need(rc == 0, f"kolorun exited {rc}")
+        out = p.stdout()
+        epochs = KERAS_EPOCH.findall(out)
+        self.need(epochs and epochs[-1] == ("24", "24"), f"the last epoch line is {epochs[-1:]}")
+        accs = [float(a) for _, a in KERAS_ACC.findall(out)]
+        self.need(accs and accs[-1] * 100 >= self.ctx.a.min_accuracy,
+                  f"final training accuracy {accs[-1:]} < {self.ctx.a.min_accuracy}%")
+        self.need(os.path.exists(os.path.join(self.work, "checkpoint-24.h5")),
+                  "no checkpoint-24.h5 from rank 0")
+        self.figures = f"training accuracy {accs[-1]:.4f} after 24 epochs; checkpoint-24.h5"
+        self.no_traceback(p)
+
+
+class TfMnistElastic(TfMnistData, ElasticExample):
+    """examples/elastic/tensorflow2/tensorflow2_mnist_elastic.py:
+    TensorFlowKerasState committed every step, 100 // size steps per call of
+    the elastic function."""
+    name = "tf2_mnist_elastic"
+    filename = "tensorflow2_mnist_elastic.py"
+    kill_after = r"Step #0\t"
+    progress = r"Step #\d+\t"
+
+    def result(self, out: str) -> str:
+        return self.check_losses(out)
+
+
+class TfKerasMnistElastic(TfMnistData, ElasticExample):
+    """examples/elastic/tensorflow2/tensorflow2_keras_mnist_elastic.py: fit
+    with KerasState and the commit, batch and epoch callbacks, 24 epochs."""
+    name = "tf2_keras_mnist_elastic"
+    filename = "tensorflow2_keras_mnist_elastic.py"
+    timeout = 3600
+    kill_after = r"Epoch 2/"
+    progress = r"Epoch \d+/"
+
+    def result(self, out: str) -> str:
+        accs = [float(a) for _, a in KERAS_ACC.findall(out)]
+        self.need(bool(accs), "no accuracy printed")
+        return f"last training accuracy printed {accs[-1]:.4f}"
+
+
 EXAMPLES = [Synthetic, Mnist, MnistNumProc, MnistAdasum, Imagenet, SyntheticElastic, MnistElastic,
-            TfSynthetic, TfKerasSynthetic]
+            TfSynthetic, TfKerasSynthetic, TfMnist, TfKerasMnist, TfMnistElastic,
+            TfKerasMnistElastic]
 NAMES = [e.name for e in EXAMPLES]
 
 
