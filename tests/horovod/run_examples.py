@@ -419,6 +419,7 @@ class Example:
     args: list = []
     framework = "torch"
     extra_env: dict = {}
+    default = True  # in the default run (--only not given)
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -819,6 +820,7 @@ class TfMnist(TfMnistData, Example):
     name = "tf2_mnist"
     filename = "tensorflow2_mnist.py"
     timeout = 3600
+    default = False  # 10 to 15 minutes on 2 CPU cores
 
     def run(self) -> None:
         p = self.kolorun(NP, [], "kolorun")
@@ -841,6 +843,7 @@ class TfKerasMnist(TfMnistData, Example):
     name = "tf2_keras_mnist"
     filename = "tensorflow2_keras_mnist.py"
     timeout = 3600
+    default = False  # 10 to 15 minutes on 2 CPU cores
 
     def run(self) -> None:
         p = self.kolorun(NP, [], "kolorun")
@@ -877,6 +880,7 @@ class TfKerasMnistElastic(TfMnistData, ElasticExample):
     name = "tf2_keras_mnist_elastic"
     filename = "tensorflow2_keras_mnist_elastic.py"
     timeout = 3600
+    default = False  # 10 to 15 minutes on 2 CPU cores
     kill_after = r"Epoch 2/"
     progress = r"Epoch \d+/"
 
@@ -908,8 +912,10 @@ def main(argv=None) -> int:
                                                    os.path.join(REPO, "build", "bin")),
                    help="folder of kolorun and kolo-rendezvous (default $KOLO_BIN_DIR or "
                         "build/bin)")
-    p.add_argument("--only", default=",".join(NAMES),
-                   help="comma-separated examples to run (default: all)")
+    p.add_argument("--only", default=",".join(e.name for e in EXAMPLES if e.default),
+                   help="comma-separated examples to run (default: all but tf2_mnist, "
+                        "tf2_keras_mnist and tf2_keras_mnist_elastic, which run thousands of "
+                        "steps as Horovod wrote them)")
     p.add_argument("--work-dir", default=None,
                    help="where the changed copies, data and logs go (default: a temporary "
                         "folder)")

@@ -114,7 +114,7 @@ needs_horovod = pytest.mark.skipif(
 
 
 @needs_horovod
-@pytest.mark.parametrize("name", runner.NAMES)
+@pytest.mark.parametrize("name", [e.name for e in runner.EXAMPLES if e.default])
 def test_horovod_example(name, tmp_path):
     if not _has_torchvision():
         pytest.skip(f"{PYTHON} cannot import torch and torchvision (KOLO_HOROVOD_PYTHON)")
