@@ -1,7 +1,7 @@
 /* kolorun: starts N local worker processes of one kolo job.
  *
  *   kolorun -np N [--rendezvous URL] [--job ID] [--host NAME] [--token-file F]
- *           [--min-np A --max-np B] -- prog args...
+ *           [--min-np A --max-np B] [--spares K] -- prog args...
  *
  * Without --rendezvous it runs the rendezvous server embedded, on a free
  * loopback port with a fresh random token. Each worker's stdout and stderr
@@ -10,6 +10,11 @@
  * assigned: the worker's runtime reports it on a third pipe (KOLO_LAUNCHER_FD)
  * as soon as kolo_init() has it; lines printed before that are prefixed with
  * the worker's slot ("[w2] ...").
+ *
+ * --spares K starts K workers beyond N in an elastic job of at most N: they
+ * wait in kolo_init(), registered with the rendezvous (heartbeats only, no
+ * data-plane traffic), and when a member dies or leaves, the next round
+ * takes a spare in its place, so the job stays at N workers.
  *
  * SIGINT/SIGTERM are forwarded to the workers (each runs in its own process
  * group); a second one kills them. When a worker fails in a non-elastic job
@@ -68,6 +73,7 @@ struct worker {
 
 struct opts {
 	int np, min_np, max_np, settle_ms, grace_ms;
+	int spares; /* workers started beyond np, waiting to take a lost one's place */
 	bool restart_failed; /* elastic: start a replacement for a failed worker */
 	int max_restarts;
 	const char *rendezvous, *job, *host, *token_file;
@@ -101,6 +107,11 @@ static void usage(FILE *f)
 	        "  --token-file F        file holding the job's token (KOLO_TOKEN_FILE)\n"
 	        "  --min-np A            elastic: fewest workers that form a round\n"
 	        "  --max-np B            elastic: most workers in a round\n"
+	        "  --spares K            start K more workers that wait, connected to the "
+	        "rendezvous,\n"
+	        "                        and take a lost worker's place in the next round: "
+	        "the job\n"
+	        "                        stays at N workers (elastic; --max-np is N)\n"
 	        "  --restart-failed      elastic: start a replacement for each worker that "
 	        "fails;\n"
 	        "                        it joins the running job\n"
@@ -137,7 +148,8 @@ static void parse_args(int argc, char **argv, struct opts *o)
 		O_GRACE,
 		O_VERSION,
 		O_RESTART,
-		O_MAX_RESTARTS
+		O_MAX_RESTARTS,
+		O_SPARES
 	};
 	static const struct option longs[] = {
 	        {"np", required_argument, NULL, 'n'},
@@ -151,6 +163,7 @@ static void parse_args(int argc, char **argv, struct opts *o)
 	        {"grace-ms", required_argument, NULL, O_GRACE},
 	        {"restart-failed", no_argument, NULL, O_RESTART},
 	        {"max-restarts", required_argument, NULL, O_MAX_RESTARTS},
+	        {"spares", required_argument, NULL, O_SPARES},
 	        {"help", no_argument, NULL, 'h'},
 	        {"version", no_argument, NULL, O_VERSION},
 	        {NULL, 0, NULL, 0},
@@ -193,6 +206,9 @@ static void parse_args(int argc, char **argv, struct opts *o)
 		case O_MAX_RESTARTS:
 			o->max_restarts = parse_int(optarg, "--max-restarts", 0);
 			break;
+		case O_SPARES:
+			o->spares = parse_int(optarg, "--spares", 0);
+			break;
 		case 'h':
 			usage(stdout);
 			exit(0);
@@ -212,6 +228,13 @@ static void parse_args(int argc, char **argv, struct opts *o)
 	}
 	if (!o->min_np)
 		o->min_np = o->np;
+	if (o->spares > 0 && o->max_np && o->max_np != o->np) {
+		fprintf(stderr,
+		        "kolorun: --spares keeps the job at -np %d workers: --max-np %d would "
+		        "make the spares members (leave --max-np out)\n",
+		        o->np, o->max_np);
+		exit(2);
+	}
 	if (!o->max_np)
 		o->max_np = KOLO_MAX(o->np, o->min_np);
 	if (o->min_np > o->max_np) {
@@ -556,7 +579,8 @@ int main(int argc, char **argv)
 	 * not fatal while enough remain: min-np of ours with the embedded
 	 * server; with an external one the job spans other launchers too, so
 	 * the server decides and we only need one worker left. */
-	bool elastic = o.min_np < o.max_np || kolo_param_bool(KOLO_P_ELASTIC);
+	bool elastic = o.min_np < o.max_np || o.spares > 0 || kolo_param_bool(KOLO_P_ELASTIC);
+	int nproc = o.np + o.spares; /* members, then the spares beyond max-np */
 	if (elastic)
 		env_set(&env, "KOLO_ELASTIC", "1");
 	int min_alive = o.rendezvous ? 1 : o.min_np;
@@ -602,7 +626,7 @@ int main(int argc, char **argv)
 			unsetenv("KOLO_TOKEN");
 		}
 		kolo_status_t st = kolo_token_load(&tok, &eb);
-		if (o.min_np != o.np || o.max_np != o.np) {
+		if (o.min_np != o.np || o.max_np != o.np || o.spares > 0) {
 			/* Tell the external server about the elastic range. */
 			struct kolo_rdzv_client *c = NULL;
 			if (st == KOLO_OK)
@@ -642,9 +666,9 @@ int main(int argc, char **argv)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 
-	/* Slots: the first np workers, then one per replacement. */
-	int n_slots = o.np, restarts = 0;
-	int cap = o.np + (elastic && o.restart_failed ? o.max_restarts : 0);
+	/* Slots: the first np workers and the spares, then one per replacement. */
+	int n_slots = nproc, restarts = 0;
+	int cap = nproc + (elastic && o.restart_failed ? o.max_restarts : 0);
 	struct worker *ws = calloc((size_t)cap, sizeof(*ws));
 	struct pollfd *pfds = calloc((size_t)cap * S_COUNT + 1, sizeof(*pfds));
 	if (!ws || !pfds) {
@@ -652,7 +676,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	int running = 0, failed_slot = -1, result = 0, n_failed = 0;
-	for (int i = 0; i < o.np; i++) {
+	for (int i = 0; i < nproc; i++) {
 		ws[i].slot = i;
 		ws[i].rank = -1;
 		for (int k = 0; k < S_COUNT; k++)
@@ -761,11 +785,11 @@ int main(int argc, char **argv)
 					fprintf(stderr,
 					        "kolorun: %s (pid %d) exited with status %d\n", who,
 					        (int)pid, code);
-				if (elastic && o.np - n_failed >= min_alive) {
+				if (elastic && nproc - n_failed >= min_alive) {
 					fprintf(stderr,
 					        "kolorun: elastic job: %d workers remain (min "
 					        "%d)\n",
-					        o.np - n_failed, min_alive);
+					        nproc - n_failed, min_alive);
 					if (o.restart_failed && restarts < o.max_restarts &&
 					    n_slots < cap) {
 						struct worker *nw = &ws[n_slots];
