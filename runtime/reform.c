@@ -179,6 +179,17 @@ static kolo_status_t next_round(struct kolo_comm *comm, int64_t after, int old_r
 	int confirm = (int)kolo_param_int(KOLO_P_ELASTIC_CONFIRM_MS);
 	bool scanned = !failure;
 	kolo_status_t st;
+	/* A round after ours formed already (the dead worker's launcher saw it
+	 * die and reported it, or another survivor did): nothing to report or
+	 * confirm, take it. */
+	int64_t current = 0;
+	int current_size = 0;
+	if (failure && kolo_rdzv_job_round(comm->rdzv, &current, &current_size) == KOLO_OK &&
+	    current > after) {
+		failure = false;
+		suspect = -1;
+		scanned = true;
+	}
 	/* Hosts the liveness probe found silent: nothing there answers this
 	 * rank, whether their processes live (a partition) or not, and an
 	 * alive key would not make them reachable. Reported at once. */

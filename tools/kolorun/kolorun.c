@@ -24,7 +24,10 @@
  * The workers never outlive kolorun: each is started with PR_SET_PDEATHSIG
  * SIGKILL, so when kolorun dies (SIGKILL included) the kernel kills them, and
  * the embedded server, a part of this process, goes with it. A worker that
- * dies is reported in the job's KV as finished with a failure
+ * dies in an elastic job is reported to the rendezvous as failed (POST
+ * /failures with its round and rank), so that the next round forms without
+ * it at once; and any worker that dies is reported in the job's KV as
+ * finished with a failure
  * ("fin/<round>/<rank>" and "fin/<round>/all" = "0", as the runtime's
  * kolo_finalize() does after a failure), so that the ranks of other
  * launchers waiting for it in kolo_finalize() stop waiting at once. */
@@ -532,12 +535,20 @@ static bool past_deadline(void *arg)
  * ranks waiting there for w read instead of waiting out KOLO_TIMEOUT_MS.
  * Best effort, within about REPORT_MS. Workers that never reported a rank
  * took no part in a round: nothing to say. */
-static void report_gone(struct kolo_rdzv_client *c, const struct worker *w)
+static void report_gone(struct kolo_rdzv_client *c, const struct worker *w, bool elastic)
 {
 	if (!c || w->rank < 0 || w->round < 1)
 		return;
 	uint64_t end = kolo_now_ms() + REPORT_MS;
 	kolo_rdzv_set_cancel(c, past_deadline, &end);
+	/* Elastic: this launcher saw the process die, which no peer can know
+	 * for sure (a peer's alive key may predate the death; a closed conn
+	 * may be a re-form). The server drops the worker now, before any
+	 * round can form with it; a report of a round already past is
+	 * ignored there. */
+	if (elastic && kolo_rdzv_report_failure(c, w->round, w->rank) != KOLO_OK)
+		fprintf(stderr, "kolorun: cannot report rank %d of round %" PRId64 " as failed: %s\n",
+		        w->rank, w->round, kolo_rdzv_client_error(c));
 	char key[64];
 	snprintf(key, sizeof(key), "fin/%" PRId64 "/%d", w->round, w->rank);
 	kolo_status_t st = kolo_rdzv_kv_put(c, key, "0", 1);
@@ -767,7 +778,7 @@ int main(int argc, char **argv)
 				int code = exit_code(status);
 				if (code == 0)
 					break;
-				report_gone(reporter, &ws[i]);
+				report_gone(reporter, &ws[i], elastic);
 				n_failed++;
 				char who[32];
 				if (ws[i].rank >= 0)
