@@ -76,7 +76,7 @@ struct worker {
 
 struct opts {
 	int np, min_np, max_np, settle_ms, grace_ms;
-	int spares; /* workers started beyond np, waiting to take a lost one's place */
+	int spares;          /* workers started beyond np, waiting to take a lost one's place */
 	bool restart_failed; /* elastic: start a replacement for a failed worker */
 	int max_restarts;
 	const char *rendezvous, *job, *host, *token_file;
@@ -547,7 +547,8 @@ static void report_gone(struct kolo_rdzv_client *c, const struct worker *w, bool
 	 * round can form with it; a report of a round already past is
 	 * ignored there. */
 	if (elastic && kolo_rdzv_report_failure(c, w->round, w->rank) != KOLO_OK)
-		fprintf(stderr, "kolorun: cannot report rank %d of round %" PRId64 " as failed: %s\n",
+		fprintf(stderr,
+		        "kolorun: cannot report rank %d of round %" PRId64 " as failed: %s\n",
 		        w->rank, w->round, kolo_rdzv_client_error(c));
 	char key[64];
 	snprintf(key, sizeof(key), "fin/%" PRId64 "/%d", w->round, w->rank);
