@@ -813,43 +813,44 @@ class TfMnistData:
         return f"loss {first} at step {steps[0][0]} -> {steps[-1][1]} at step {steps[-1][0]}"
 
 
-class TfMnist(TfMnistData, Example):
+class TfMnistPlain(TfMnistData, Example):
+    """A TensorFlow MNIST example under kolorun -np 4, run to its end; check()
+    reads its output and returns the figures."""
+    timeout = 3600
+    default = False  # 10 to 15 minutes on 2 CPU cores
+
+    def run(self) -> None:
+        p = self.kolorun(NP, [], "kolorun")
+        rc = p.finish(self.deadline())
+        self.need(rc == 0, f"kolorun exited {rc}")
+        self.figures = self.check(p.stdout())
+        self.no_traceback(p)
+
+
+class TfMnist(TfMnistPlain):
     """examples/tensorflow2/tensorflow2_mnist.py: a tf.function step with
     DistributedGradientTape and broadcast_variables after the first step,
     10000 // size steps; rank 0 writes a checkpoint."""
     name = "tf2_mnist"
     filename = "tensorflow2_mnist.py"
-    timeout = 3600
-    default = False  # 10 to 15 minutes on 2 CPU cores
 
-    def run(self) -> None:
-        p = self.kolorun(NP, [], "kolorun")
-        rc = p.finish(self.deadline())
-        self.need(rc == 0, f"kolorun exited {rc}")
-        out = p.stdout()
+    def check(self, out: str) -> str:
         steps = [int(a) for a, _ in TF_STEP.findall(out)]
         self.need(steps and steps[-1] == (10000 // NP - 1) // 10 * 10,
                   f"the last 'Step #' line is {steps[-1:]}, not of step {10000 // NP - 1}")
         self.need(any(f.startswith("checkpoints") for f in os.listdir(self.work)),
                   "rank 0 wrote no checkpoint")
-        self.figures = self.check_losses(out) + f"; {len(steps)} lines, checkpoint written"
-        self.no_traceback(p)
+        return self.check_losses(out) + f"; {len(steps)} lines, checkpoint written"
 
 
-class TfKerasMnist(TfMnistData, Example):
+class TfKerasMnist(TfMnistPlain):
     """examples/tensorflow2/tensorflow2_keras_mnist.py: fit with
     DistributedOptimizer, the broadcast, metric-average and warm-up
     callbacks, 24 epochs of 500 // size steps; rank 0 checkpoints each."""
     name = "tf2_keras_mnist"
     filename = "tensorflow2_keras_mnist.py"
-    timeout = 3600
-    default = False  # 10 to 15 minutes on 2 CPU cores
 
-    def run(self) -> None:
-        p = self.kolorun(NP, [], "kolorun")
-        rc = p.finish(self.deadline())
-        self.need(rc == 0, f"kolorun exited {rc}")
-        out = p.stdout()
+    def check(self, out: str) -> str:
         epochs = KERAS_EPOCH.findall(out)
         self.need(epochs and epochs[-1] == ("24", "24"), f"the last epoch line is {epochs[-1:]}")
         accs = [float(a) for _, a in KERAS_ACC.findall(out)]
@@ -857,8 +858,7 @@ class TfKerasMnist(TfMnistData, Example):
                   f"final training accuracy {accs[-1:]} < {self.ctx.a.min_accuracy}%")
         self.need(os.path.exists(os.path.join(self.work, "checkpoint-24.h5")),
                   "no checkpoint-24.h5 from rank 0")
-        self.figures = f"training accuracy {accs[-1]:.4f} after 24 epochs; checkpoint-24.h5"
-        self.no_traceback(p)
+        return f"training accuracy {accs[-1]:.4f} after 24 epochs; checkpoint-24.h5"
 
 
 class TfMnistElastic(TfMnistData, ElasticExample):
