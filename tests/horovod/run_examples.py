@@ -54,7 +54,8 @@ batches) and a timeout:
                      kolo.tensorflow[.keras]: the benchmark lines
   tf2_mnist          examples/tensorflow2/tensorflow2_mnist.py and
   tf2_keras_mnist    tensorflow2_keras_mnist.py, the same way, run to their
-                     end (2500 and 3000 steps: long on CPUs): the loss falls,
+                     end (2500 and 3000 steps, 20 to 30 minutes each on 2
+                     CPU cores; run only when named): the loss falls,
                      the Keras one reaches --min-accuracy, rank 0 writes its
                      checkpoint
   tf2_mnist_elastic  examples/elastic/tensorflow2/tensorflow2_mnist_elastic.py
@@ -817,7 +818,7 @@ class TfMnistPlain(TfMnistData, Example):
     """A TensorFlow MNIST example under kolorun -np 4, run to its end; check()
     reads its output and returns the figures."""
     timeout = 3600
-    default = False  # 10 to 15 minutes on 2 CPU cores
+    default = False  # 20 to 30 minutes on 2 CPU cores
 
     def run(self) -> None:
         p = self.kolorun(NP, [], "kolorun")
@@ -880,7 +881,7 @@ class TfKerasMnistElastic(TfMnistData, ElasticExample):
     name = "tf2_keras_mnist_elastic"
     filename = "tensorflow2_keras_mnist_elastic.py"
     timeout = 3600
-    default = False  # 10 to 15 minutes on 2 CPU cores
+    default = False  # 20 to 30 minutes on 2 CPU cores
     kill_after = r"Epoch 2/"
     progress = r"Epoch \d+/"
 
