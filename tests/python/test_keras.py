@@ -2,7 +2,8 @@
 single-process training on the concatenated batch, on the tensorflow,
 torch and jax backends (tests/python/workers/keras_fit.py); with gradient
 clipping (averaged before clipping), a LossScaleOptimizer inside, and two
-backward passes per step. BroadcastGlobalVariablesCallback makes every rank
+backward passes per step (reduced once per two passes: half the submissions
+of one pass per step). BroadcastGlobalVariablesCallback makes every rank
 start from rank 0's weights and MetricAverageCallback gives every rank the
 same epoch losses. The tf_keras cases run kolo.tensorflow.keras on the
 legacy tf.keras (TF_USE_LEGACY_KERAS=1), the flavour Horovod's TF2 Keras
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 # Each launch runs its cases one after another in the same workers (Keras,
 # TensorFlow and torch take most of a launch to import).
 GROUPS = [("tensorflow", "plain,clipnorm,lossscale,bpps2", 2),
-          ("torch", "plain,clipnorm,lossscale", 2),
+          ("torch", "plain,clipnorm,lossscale,bpps2", 2),
           ("jax", "plain,clipnorm,bpps2", 2),
           ("tf_keras", "plain,clipnorm", 2)] + \
     [(b, "plain,processset", 3) for b in ("tensorflow", "torch", "jax")]
@@ -54,3 +55,8 @@ def test_fit_equals_the_concatenated_batch(backend, cases, np_):
                 f"{case}: rank {r} has other weights than rank 0"
             assert x["losses"] == rep[0]["losses"], f"{case}: rank {r}: epoch losses were " \
                 "not averaged"
+    if "bpps2" in cases:  # two passes per reduction: half of plain's submissions
+        for r in range(np_):
+            sent = {x["case"]: x["reductions"] for x in res[r]}
+            assert sent["plain"] > 0 and sent["bpps2"] * 2 == sent["plain"], \
+                f"rank {r}: optimizer reductions per case {sent}"

@@ -32,23 +32,45 @@ def backend_name(keras: Any) -> str:
 
 
 class _Keras3Distributed:
-    """Methods mixed into a subclass of a Keras 3 optimizer's class."""
+    """Methods mixed into a subclass of a Keras 3 optimizer's class.
+
+    With ``backward_passes_per_step`` > 1 (``_kolo_defer``) nothing is sent
+    in ``apply``: Keras sums the passes in its accumulators, and the sum is
+    reduced once, on the update step, where Keras clips it
+    (:meth:`_clip_gradients`): one reduction per ``backward_passes_per_step``
+    passes, as Horovod's local aggregation."""
 
     def apply(self, grads, trainable_variables=None):
-        if not getattr(self, "_kolo_reduced", False):
+        if not self._kolo_defer and not getattr(self, "_kolo_reduced", False):
             vs = trainable_variables if trainable_variables is not None else \
                 getattr(self, "_trainable_variables", [None] * len(grads))
             grads = self._kolo_reduce(list(grads), list(vs))
         return super(self._kolo_cls, self).apply(grads, trainable_variables)
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        grads = self._kolo_reduce(list(grads), list(self._trainable_variables))
+        if not self._kolo_defer:
+            grads = self._kolo_reduce(list(grads), list(self._trainable_variables))
         self._kolo_reduced = True
         try:
             return super(self._kolo_cls, self).stateless_apply(optimizer_variables, grads,
                                                                trainable_variables)
         finally:
             self._kolo_reduced = False
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # the names for _clip_gradients; past Keras's __setattr__, which
+        # would track these variables as the optimizer's own
+        object.__setattr__(self, "_kolo_vars", list(trainable_variables))
+        return super(self._kolo_cls, self)._backend_apply_gradients(grads, trainable_variables)
+
+    def _clip_gradients(self, grads):
+        if self._kolo_defer:
+            # tensorflow and torch call this only on the update step (inside
+            # Keras's cond); jax on every pass, and its callback sends only
+            # when `update` is true: every rank agrees, iterations are equal
+            update = (self._iterations + 1) % self.gradient_accumulation_steps == 0
+            grads = self._kolo_reduce(list(grads), self._kolo_vars, update)
+        return super(self._kolo_cls, self)._clip_gradients(grads)
 
 
 class _LegacyDistributed:
@@ -87,6 +109,9 @@ def create_distributed_optimizer(keras: Any, optimizer: Any, name: Optional[str]
         config["gradient_accumulation_steps"] = backward_passes_per_step
         if not average_aggregated_gradients:
             post = float(backward_passes_per_step)  # Horovod sums the passes
+    # A LossScaleOptimizer skips a pass whose local gradients are not finite:
+    # its passes are reduced one by one, so that every rank skips the same ones
+    defer = backward_passes_per_step > 1 and not hasattr(optimizer, "inner_optimizer")
     mixin = _Keras3Distributed if keras3 else _LegacyDistributed
     base = type(optimizer)
     cls = type(base.__name__, (base,), {k: v for k, v in mixin.__dict__.items()
@@ -94,6 +119,8 @@ def create_distributed_optimizer(keras: Any, optimizer: Any, name: Optional[str]
     opt = cls.from_config(config)
     opt._kolo_cls = cls
     opt._kolo_reduced = False
+    opt._kolo_defer = defer
+    object.__setattr__(opt, "_kolo_vars", [])
     opt._kolo_reduce = R.reducer(backend_name(keras), "DistributedOptimizer", op, compression,
                                  sparse_as_dense, gradient_predivide_factor, post, process_set)
     return opt
@@ -132,7 +159,7 @@ def broadcast_model(model: Any, root_rank: int, optimizer: Any = None) -> None:
     """Assigns rank ``root_rank``'s model variables and optimizer variables
     (those built so far) on every rank."""
     opt = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-    vs = list(model.variables) + V.optimizer_variables(opt)
+    vs = list(model.variables) + V.optimizer_variables(opt, shared=True)
     V.broadcast(vs, util.root(root_rank), "broadcast_global_variables")
 
 

@@ -32,7 +32,8 @@ def bind(keras: Any, compression: Any) -> dict:
         ``apply`` before loss-scale checks, clipping and weight decay. Wrap a
         LossScaleOptimizer as ``DistributedOptimizer(LossScaleOptimizer(opt))``.
         ``backward_passes_per_step`` > 1 maps onto Keras 3's
-        ``gradient_accumulation_steps`` (the passes are summed unless
+        ``gradient_accumulation_steps``: passes add up locally and are
+        reduced once per update step (summed unless
         ``average_aggregated_gradients``). ``groups``/``num_groups`` are
         accepted; kolo fuses by size."""
         return create_distributed_optimizer(keras, optimizer, name, compression,

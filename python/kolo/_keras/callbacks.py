@@ -40,7 +40,7 @@ def make(keras: Any) -> dict:
             self._done_opt = False
 
         def _opt_vars(self):
-            return V.optimizer_variables(getattr(self.model, "optimizer", None))
+            return V.optimizer_variables(getattr(self.model, "optimizer", None), shared=True)
 
         def on_train_begin(self, logs=None):
             opt_vars = self._opt_vars()

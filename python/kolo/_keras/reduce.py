@@ -36,12 +36,14 @@ def _names(prefix: str, variables: List[Any]) -> List[str]:
 
 def reducer(backend: str, prefix: str, op: int, compression: Any, sparse_as_dense: bool,
             predivide: float, post: float,
-            process_set: Any = global_process_set) -> Callable[[list, list], list]:
-    """``reduce(grads, variables) -> grads`` for ``backend``, over the ranks of
-    ``process_set``; None stays None."""
+            process_set: Any = global_process_set) -> Callable[..., list]:
+    """``reduce(grads, variables, when=None) -> grads`` for ``backend``, over
+    the ranks of ``process_set``; None stays None. ``when`` (jax: a traced
+    boolean) makes the host callback send only where it is true and return
+    the gradients unchanged elsewhere; the other backends reduce at once."""
     comm = process_set_comm(process_set, prefix)
 
-    def reduce(grads: list, variables: list) -> list:
+    def reduce(grads: list, variables: list, when: Any = None) -> list:
         n = comm.size() if comm is not None else kolo.size()
         rop, pre, post_ = predivide_scales(op, predivide, post, n)
         keep = [i for i, g in enumerate(grads) if g is not None]
@@ -60,7 +62,7 @@ def reducer(backend: str, prefix: str, op: int, compression: Any, sparse_as_dens
         elif backend == "torch":
             out = _torch(gs, ns, rop, pre, post_, compression, process_set)
         elif backend == "jax":
-            out = _jax(gs, ns, rop, pre, post_, compression, comm)
+            out = _jax(gs, ns, rop, pre, post_, compression, comm, when)
         else:
             raise NotImplementedError(f"kolo: the Keras backend {backend!r} is not supported "
                                       f"(tensorflow, torch, jax)")
@@ -80,14 +82,14 @@ def _torch(gs, ns, op, pre, post, compression, process_set):
     return [compression.decompress(kt.synchronize(h), ctx) for h, (_, ctx) in zip(hs, pairs)]
 
 
-def _jax(gs, ns, op, pre, post, compression, comm):
+def _jax(gs, ns, op, pre, post, compression, comm, when=None):
     import jax
     from jax.experimental import io_callback
     kop = kolo_op(op)
     pairs = [compression.compress(g) for g in gs]
     sent = [p[0] for p in pairs]
 
-    def host(*xs):
+    def send(xs):
         try:
             return wait_all([arrays.allreduce(np.array(x), n, kop, pre, post, comm)
                              for x, n in zip(xs, ns)])
@@ -96,5 +98,9 @@ def _jax(gs, ns, op, pre, post, compression, comm):
             raise
 
     shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in sent]
-    out = io_callback(host, shapes, *sent, ordered=True)
+    if when is None:
+        out = io_callback(lambda *xs: send(xs), shapes, *sent, ordered=True)
+    else:  # sends only where `when` is true; elsewhere copies back
+        out = io_callback(lambda go, *xs: send(xs) if bool(go) else [np.array(x) for x in xs],
+                          shapes, when, *sent, ordered=True)
     return [compression.decompress(o, p[1]) for o, p in zip(out, pairs)]

@@ -339,8 +339,12 @@ class VariablesState(ObjectState):
         self._V.assign(self._variables(), self._saved_vars)
         super().restore()
 
+    def _shared_variables(self) -> Sequence[Any]:
+        """The variables that ``sync()`` broadcasts (default: all)."""
+        return self._variables()
+
     def sync(self) -> None:
-        self._V.broadcast(self._variables(), 0, "elastic.state")
+        self._V.broadcast(self._shared_variables(), 0, "elastic.state")
         super().sync()
 
 
@@ -354,7 +358,7 @@ class ModelState(VariablesState):
         object.__setattr__(self, "optimizer", optimizer)
         super().__init__(**kwargs)
 
-    def _variables(self) -> Sequence[Any]:
+    def _variables(self, shared: bool = False) -> Sequence[Any]:
         # Keras 3 on jax keeps the state outside the variables during fit:
         # attach it first (the trainer then reads it back before its next step).
         attach = getattr(self.model, "jax_state_sync", None)
@@ -362,4 +366,7 @@ class ModelState(VariablesState):
             attach()
         opt = self.optimizer if self.optimizer is not None else \
             getattr(self.model, "optimizer", None)
-        return list(self.model.variables) + self._V.optimizer_variables(opt)
+        return list(self.model.variables) + self._V.optimizer_variables(opt, shared)
+
+    def _shared_variables(self) -> Sequence[Any]:
+        return self._variables(shared=True)

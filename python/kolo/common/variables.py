@@ -40,10 +40,17 @@ def broadcast(variables: Sequence[Any], root: int, name: str) -> None:
     assign(variables, vals)
 
 
-def optimizer_variables(optimizer: Any) -> List[Any]:
+def optimizer_variables(optimizer: Any, shared: bool = False) -> List[Any]:
     """An optimizer's variables: a property in Keras 3, a method in older
-    Keras optimizers."""
+    Keras optimizers. ``shared``: only those every rank holds alike, the ones
+    to broadcast; a DistributedOptimizer with ``backward_passes_per_step`` > 1
+    keeps its gradient accumulators local (each rank's sum of its own passes,
+    reduced at the update step)."""
     if optimizer is None:
         return []
     vs = getattr(optimizer, "variables", [])
-    return list(vs() if callable(vs) else vs)
+    vs = list(vs() if callable(vs) else vs)
+    if shared and getattr(optimizer, "_kolo_defer", False):
+        local = {id(a) for a in getattr(optimizer, "_accumulated_gradients", []) or []}
+        vs = [v for v in vs if id(v) not in local]
+    return vs

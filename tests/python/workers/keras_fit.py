@@ -33,7 +33,22 @@ else:
     import keras  # noqa: E402
     import kolo.keras as hvd  # noqa: E402
     BACKEND = keras.backend.backend()
+import kolo  # noqa: E402
 from _common import report  # noqa: E402
+
+# Counts the optimizer's reductions as they reach kolo (every backend's path
+# submits through kolo._enqueue), to check what backward_passes_per_step saves
+SENT = [0]
+_enqueue = kolo._enqueue
+
+
+def _counting_enqueue(fn, what, *args, **kwargs):
+    if what.startswith("allreduce DistributedOptimizer"):
+        SENT[0] += 1
+    return _enqueue(fn, what, *args, **kwargs)
+
+
+kolo._enqueue = _counting_enqueue
 
 CASES = (sys.argv[1] if len(sys.argv) > 1 else "plain").split(",")
 hvd.init()
@@ -85,12 +100,14 @@ def run_case(case):
     model.compile(optimizer=opt, loss="mse",
                   run_eagerly=os.environ.get("KOLO_KERAS_EAGER") == "1")
     losses = []
+    SENT[0] = 0
     cbs = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
            hvd.callbacks.MetricAverageCallback()]
     for e in range(EPOCHS):
         h = model.fit(X[R, e].reshape(-1, 5), Y[R, e].reshape(-1, 3), batch_size=B, epochs=1,
                       shuffle=False, verbose=0, callbacks=cbs)
         losses.append(float(h.history["loss"][-1]))
+    sent = SENT[0]
 
     # reference: one process, rank 0's initial weights, the global batches
     ref = model_from(0)
@@ -108,7 +125,7 @@ def run_case(case):
                for a, b in zip(model.get_weights(), ref.get_weights()))
     scale = max(float(np.max(np.abs(np.asarray(b)))) for b in ref.get_weights())
     report({"backend": BACKEND, "case": case, "diff": diff, "scale": scale,
-            "member": R in members,
+            "member": R in members, "reductions": sent,
             "losses": losses, "checksum": float(sum(np.sum(np.asarray(w, np.float64))
                                                     for w in model.get_weights()))})
     if case == "processset":
