@@ -7,8 +7,11 @@
 # python3 (3.9 or newer). --with-digits also installs scikit-learn into the
 # venv, only for the UCI digits data file that examples/torch/train_digits.py
 # reads (without it the example trains on synthetic data). --no-venv skips
-# the venv (a C-only build).
-# Usage: scripts/setup.sh [--deps-only] [--no-venv] [--with-digits]
+# the venv (a C-only build). --with-mxnet also makes .venv-mxnet, MXNet's own
+# environment (scripts/requirements-mxnet.txt: MXNet 1.9.1 needs numpy 1.23.5,
+# which the main venv's torch and TensorFlow cannot share); the MXNet tests run
+# under it and skip without it.
+# Usage: scripts/setup.sh [--deps-only] [--no-venv] [--with-digits] [--with-mxnet]
 #                         [--sanitizer address|thread] [--build-dir DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +19,7 @@ cd "$(dirname "$0")/.."
 deps_only=0
 venv=1
 with_digits=0
+with_mxnet=0
 sanitizer=""
 build_dir=build
 while [ $# -gt 0 ]; do
@@ -23,6 +27,7 @@ while [ $# -gt 0 ]; do
 	--deps-only) deps_only=1 ;;
 	--no-venv) venv=0 ;;
 	--with-digits) with_digits=1 ;;
+	--with-mxnet) with_mxnet=1 ;;
 	--sanitizer) sanitizer="$2"; shift ;;
 	--build-dir) build_dir="$2"; shift ;;
 	*) echo "setup.sh: unknown option $1" >&2; exit 2 ;;
@@ -65,7 +70,24 @@ make_venv() {
 		"${extra[@]}"
 	echo "$want" >.venv/.kolo-requirements
 }
+# MXNet's environment, beside .venv (the same stamp scheme).
+make_mxnet_venv() {
+	local base want
+	base=${KOLO_VENV_PYTHON:-$(command -v python3.11 || command -v python3)}
+	if [ ! -x .venv-mxnet/bin/python ] || ! .venv-mxnet/bin/python -c 'import sys' 2>/dev/null; then
+		echo "setup.sh: making .venv-mxnet with $base ($("$base" --version 2>&1))"
+		rm -rf .venv-mxnet
+		"$base" -m venv .venv-mxnet
+	fi
+	want=$(sha256sum scripts/requirements-mxnet.txt | cut -d' ' -f1)
+	[ "$want" = "$(cat .venv-mxnet/.kolo-requirements 2>/dev/null || true)" ] && return 0
+	echo "setup.sh: installing scripts/requirements-mxnet.txt into .venv-mxnet"
+	.venv-mxnet/bin/python -m pip install -q --disable-pip-version-check \
+		-r scripts/requirements-mxnet.txt
+	echo "$want" >.venv-mxnet/.kolo-requirements
+}
 if [ "$venv" = 1 ]; then make_venv; fi
+if [ "$with_mxnet" = 1 ]; then make_mxnet_venv; fi
 [ "$deps_only" = 1 ] && exit 0
 
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKOLO_SANITIZER="$sanitizer" >/dev/null

@@ -202,6 +202,18 @@ PROTOTYPES = {
     "kolo_bootstrap_listen": (c_status, [c_bootstrap_p, P(c_char_p), c_void_p]),
     "kolo_bootstrap_connect": (c_status, [c_bootstrap_p, c_void_p, P(c_comm_p)]),
     "kolo_bootstrap_destroy": (None, [c_bootstrap_p]),
+    # mxnet.h
+    "kolo_mx_bind": (c_status, [c_char_p]),
+    "kolo_mx_allreduce": (
+        c_status,
+        [c_comm_p, c_int, P(c_char_p), P(c_void_p), P(c_void_p), P(c_size_t), c_dtype, c_op,
+         c_double, c_double, c_int, c_void_p],
+    ),
+    "kolo_mx_broadcast": (
+        c_status, [c_comm_p, c_char_p, c_void_p, c_size_t, c_dtype, c_int, c_int, c_void_p],
+    ),
+    "kolo_mx_take_error": (c_status, [c_char_p, c_size_t]),
+    "kolo_mx_pending": (c_int, []),
 }
 
 # Functions of PROTOTYPES a libkolo may lack (they came with the CUDA data

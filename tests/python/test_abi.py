@@ -41,7 +41,7 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 INCLUDE = REPO / "include" / "kolo"
-HEADERS = ["kolo.h", "async.h", "elastic.h", "bootstrap.h"]
+HEADERS = ["kolo.h", "async.h", "elastic.h", "bootstrap.h", "mxnet.h"]
 
 sys.path.insert(0, str(REPO / "python"))
 from kolo import _lib  # noqa: E402
