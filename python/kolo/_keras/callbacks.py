@@ -32,7 +32,9 @@ def make(keras: Any) -> dict:
     class BroadcastGlobalVariablesCallback(Callback):
         """Rank ``root_rank``'s model and optimizer variables on every rank:
         at the start of training, and once more after the first batch for
-        optimizers that create their variables on first use (tf_keras)."""
+        optimizers that create their variables on first use (tf_keras); a
+        model built only by its first step is broadcast after that step
+        alone, as Horovod does for every model."""
 
         def __init__(self, root_rank: int, device: str = ""):
             super().__init__()
@@ -43,6 +45,10 @@ def make(keras: Any) -> dict:
             return V.optimizer_variables(getattr(self.model, "optimizer", None), shared=True)
 
         def on_train_begin(self, logs=None):
+            if not getattr(self.model, "built", True):
+                # No weights before the first step (a Sequential without an
+                # input shape): they go after it, where Horovod broadcasts
+                return
             opt_vars = self._opt_vars()
             V.broadcast(list(self.model.variables) + opt_vars, util.root(self.root_rank),
                         "BroadcastGlobalVariablesCallback.begin")

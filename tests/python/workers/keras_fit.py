@@ -132,6 +132,24 @@ def run_case(case):
         hvd.remove_process_set(ps)
 
 
+def run_unbuilt():
+    """A Sequential without an input shape has no weights before its first
+    step: BroadcastGlobalVariablesCallback then broadcasts after that step
+    (as Horovod does), and every rank ends with the same weights."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(99 + R)
+    model = keras.Sequential([keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    g = np.random.default_rng(R)
+    model.fit(g.normal(size=(8, 3)).astype("float32"), g.normal(size=(8, 2)).astype("float32"),
+              batch_size=4, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    report({"backend": BACKEND, "case": "unbuilt", "diff": 0.0, "scale": 1.0, "member": True,
+            "reductions": 0, "losses": [],
+            "checksum": float(sum(np.sum(np.asarray(w, np.float64))
+                                  for w in model.get_weights()))})
+
+
 for c in CASES:
-    run_case(c)
+    run_unbuilt() if c == "unbuilt" else run_case(c)
 hvd.shutdown()
