@@ -65,6 +65,18 @@ batches) and a timeout:
                      keras.datasets.mnist.load_data, which downloads; the
                      runner puts tests/horovod/keras_data first on PYTHONPATH,
                      whose sitecustomize answers it from the local files
+  mx_mnist           examples/mxnet/mxnet_mnist.py (gluon, DistributedTrainer,
+                     broadcast_parameters) under kolorun -np 4 with
+                     "import horovod.mxnet as hvd" changed to kolo.mxnet, run
+                     by --mxnet-python (default $KOLO_MXNET_PYTHON or
+                     .venv-mxnet): its 5 epochs; it asserts a validation
+                     accuracy above 0.96 itself. It downloads mnist.zip into
+                     data-<rank>/ unless the file is there: the runner puts
+                     one there, made from the local files
+  mx2_mnist          examples/mxnet/mxnet2_mnist.py, the same on MXNet 2's
+                     API (mx.gluon.metric): on MXNet 1.9.1 it must fail with
+                     MXNet's own AttributeError, not kolo's (run only when
+                     named)
 
 One summary line per example ("run_examples: SUMMARY <name>: PASS ...") and
 a closing count; the exit status is 0 only when every selected example
@@ -95,6 +107,7 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -111,6 +124,7 @@ IMPORT_RULES = [
      r"\1import kolo.tensorflow.keras as hvd\2"),
     (re.compile(r"^(\s*)import horovod\.tensorflow as hvd(\s*(?:#.*)?)$"),
      r"\1import kolo.tensorflow as hvd\2"),
+    (re.compile(r"^(\s*)import horovod\.mxnet as hvd(\s*(?:#.*)?)$"), r"\1import kolo.mxnet as hvd\2"),
     (re.compile(r"^(\s*)import horovod(\s*(?:#.*)?)$"), r"\1import kolo as horovod\2"),
 ]
 HOROVOD_IMPORT = re.compile(r"^\s*(?:import\s+horovod\b|from\s+horovod\b)")
@@ -199,9 +213,10 @@ def change_imports(text: str, name: str) -> tuple:
                 body = rx.sub(rep, body)
                 break
         new.append(body + line[len(line.rstrip("\r\n")):])
-    if not any(rx.match(line.rstrip("\r\n")) for line in old for rx, _ in IMPORT_RULES[:3]):
+    if not any(rx.match(line.rstrip("\r\n")) for line in old for rx, _ in IMPORT_RULES[:4]):
         raise ExampleError(f"{name}: no line 'import horovod.torch as hvd' (or "
-                           f"horovod.tensorflow, horovod.tensorflow.keras) to change")
+                           f"horovod.tensorflow, horovod.tensorflow.keras, horovod.mxnet) to "
+                           f"change")
     diff = list(difflib.unified_diff(old, new, f"a/{name}", f"b/{name}", n=0))
     removed = [d[1:].rstrip("\r\n") for d in diff if d.startswith("-") and not d.startswith("---")]
     added = [d[1:].rstrip("\r\n") for d in diff if d.startswith("+") and not d.startswith("+++")]
@@ -891,9 +906,65 @@ class TfKerasMnistElastic(TfMnistData, ElasticExample):
         return f"last training accuracy printed {accs[-1]:.4f}"
 
 
+class MxMnist(Example):
+    """examples/mxnet/mxnet_mnist.py: gluon with broadcast_parameters and
+    DistributedTrainer, 5 epochs; it asserts validation accuracy > 0.96 on
+    rank 0 itself. mnist.zip is put where its download() looks first."""
+    name = "mx_mnist"
+    filename = "mxnet_mnist.py"
+    framework = "mxnet"
+    timeout = 900
+    EPOCH = re.compile(r"Epoch\[(\d+)\]\tTrain: accuracy=([0-9.]+)\tValidation: "
+                       r"accuracy=([0-9.]+)")
+
+    def prepare(self) -> str:
+        what = super().prepare()
+        raw = os.path.join(data_mnist(self.ctx), "MNIST", "raw")
+        for r in range(NP):
+            d = os.path.join(self.work, f"data-{r}")
+            os.makedirs(d, exist_ok=True)
+            with zipfile.ZipFile(os.path.join(d, "mnist.zip"), "w") as z:
+                for f in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                          "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+                    z.write(os.path.join(raw, f), f)
+        return what
+
+    def kolorun(self, n: int, launcher: list, tag: str) -> Proc:
+        return Proc([self.ctx.kolorun, "-np", n, *launcher, "--", self.ctx.a.mxnet_python,
+                     self.script, *self.example_args()], self.env(), self.work,
+                    os.path.join(self.work, tag))
+
+    def run(self) -> None:
+        p = self.kolorun(NP, [], "kolorun")
+        rc = p.finish(self.deadline())
+        self.need(rc == 0, f"kolorun exited {rc}")
+        self.no_traceback(p)
+        epochs = self.EPOCH.findall(p.stderr())
+        self.need(len(epochs) == 5, f"{len(epochs)} 'Epoch[N] Train: ... Validation' lines")
+        self.figures = "validation accuracy by epoch " + ", ".join(
+            f"{float(v) * 100:.2f}%" for _, _, v in epochs)
+
+
+class Mx2Mnist(MxMnist):
+    """examples/mxnet/mxnet2_mnist.py: written for MXNet 2 (mx.gluon.metric),
+    which MXNet 1.9.1 lacks; expected to stop at MXNet's AttributeError."""
+    name = "mx2_mnist"
+    filename = "mxnet2_mnist.py"
+    default = False
+
+    def run(self) -> None:
+        p = self.kolorun(NP, [], "kolorun")
+        rc = p.finish(self.deadline())
+        err = p.stderr()
+        self.need(rc != 0, "it ran to its end on MXNet 1.x")
+        self.need("has no attribute 'metric'" in err,
+                  "it failed, but not at mx.gluon.metric (the MXNet 2 API)")
+        self.figures = "stops at mx.gluon.metric (MXNet 2 only), as on MXNet 1.9.1 without kolo"
+
+
 EXAMPLES = [Synthetic, Mnist, MnistNumProc, MnistAdasum, Imagenet, SyntheticElastic, MnistElastic,
             TfSynthetic, TfKerasSynthetic, TfMnist, TfKerasMnist, TfMnistElastic,
-            TfKerasMnistElastic]
+            TfKerasMnistElastic, MxMnist, Mx2Mnist]
 NAMES = [e.name for e in EXAMPLES]
 
 
@@ -909,6 +980,11 @@ def main(argv=None) -> int:
     p.add_argument("--python", default=os.environ.get("KOLO_HOROVOD_PYTHON", sys.executable),
                    help="interpreter with torch and torchvision (default $KOLO_HOROVOD_PYTHON "
                         "or this one)")
+    p.add_argument("--mxnet-python",
+                   default=os.environ.get("KOLO_MXNET_PYTHON",
+                                          os.path.join(REPO, ".venv-mxnet", "bin", "python")),
+                   help="interpreter with MXNet 1.9 for the mx_ examples (default "
+                        "$KOLO_MXNET_PYTHON or .venv-mxnet)")
     p.add_argument("--bin", default=os.environ.get("KOLO_BIN_DIR",
                                                    os.path.join(REPO, "build", "bin")),
                    help="folder of kolorun and kolo-rendezvous (default $KOLO_BIN_DIR or "
@@ -951,13 +1027,16 @@ def main(argv=None) -> int:
     probes = {"torch": "import torch, torchvision; print('torch', torch.__version__, "
                        "'torchvision', torchvision.__version__)",
               "tensorflow": "import tensorflow as tf, tf_keras; print('tensorflow', "
-                            "tf.__version__, 'tf_keras', tf_keras.__version__)"}
+                            "tf.__version__, 'tf_keras', tf_keras.__version__)",
+              "mxnet": "import mxnet, numpy; print('mxnet', mxnet.__version__, 'numpy', "
+                       "numpy.__version__)"}
     versions = []
     for fw in sorted(frameworks):
-        probe = subprocess.run([a.python, "-c", probes[fw]], capture_output=True, text=True,
+        py = a.mxnet_python if fw == "mxnet" else a.python
+        probe = subprocess.run([py, "-c", probes[fw]], capture_output=True, text=True,
                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
         if probe.returncode != 0:
-            print(f"run_examples: {a.python} cannot run the {fw} examples: "
+            print(f"run_examples: {py} cannot run the {fw} examples: "
                   f"{probe.stderr.strip().splitlines()[-1:]}", flush=True)
             return 77
         versions.append(probe.stdout.strip())

@@ -66,6 +66,13 @@ def test_change_imports_refuses_what_one_line_cannot_cover(line):
         runner.change_imports(EXAMPLE + line + "\n", "ex.py")
 
 
+def test_change_imports_covers_mxnet():
+    new, _, pairs = runner.change_imports("import mxnet as mx\nimport horovod.mxnet as hvd\n",
+                                          "mx.py")
+    assert pairs == [("import horovod.mxnet as hvd", "import kolo.mxnet as hvd")]
+    assert new == "import mxnet as mx\nimport kolo.mxnet as hvd\n"
+
+
 def test_change_imports_needs_the_torch_import():
     with pytest.raises(runner.ExampleError, match="no line 'import horovod.torch as hvd'"):
         runner.change_imports("import torch\n", "ex.py")
