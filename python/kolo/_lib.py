@@ -248,6 +248,20 @@ def candidates() -> list[str]:
     return out
 
 
+def load_mode() -> int:
+    """How libkolo is loaded: RTLD_LOCAL, and RTLD_DEEPBIND so that its own
+    libraries come first. TensorFlow makes its bundled copies of libcurl and
+    of BoringSSL (which names its functions as OpenSSL does) global; without
+    DEEPBIND, a libkolo loaded after ``import tensorflow`` would call TF's
+    curl and TF's HMAC, and one loaded before would mix the two copies on one
+    curl handle. KOLO_DEEPBIND=0 turns it off (a sanitizer's interposed
+    allocator needs the global scope first)."""
+    mode = getattr(os, "RTLD_LOCAL", 0)
+    if os.environ.get("KOLO_DEEPBIND", "1") != "0" and hasattr(os, "RTLD_DEEPBIND"):
+        mode |= os.RTLD_DEEPBIND
+    return mode
+
+
 def library():
     """The loaded libkolo with every prototype declared (loaded once)."""
     global _lib, _path
@@ -263,7 +277,7 @@ def library():
                 tried.append(f"{path} (absent)")
                 continue
             try:
-                lib = ctypes.CDLL(path)
+                lib = ctypes.CDLL(path, mode=load_mode())
                 _path = path
                 break
             except OSError as e:
