@@ -77,6 +77,10 @@ batches) and a timeout:
                      API (mx.gluon.metric): on MXNet 1.9.1 it must fail with
                      MXNet's own AttributeError, not kolo's (run only when
                      named)
+  mx_imagenet        examples/mxnet/mxnet_imagenet_resnet50.py on its synthetic
+                     data, in module and in gluon mode (needs gluoncv): its
+                     epoch is ImageNet-sized, so the runner stops it after the
+                     first 4 logged batches of each (run only when named)
 
 One summary line per example ("run_examples: SUMMARY <name>: PASS ...") and
 a closing count; the exit status is 0 only when every selected example
@@ -962,9 +966,52 @@ class Mx2Mnist(MxMnist):
         self.figures = "stops at mx.gluon.metric (MXNet 2 only), as on MXNet 1.9.1 without kolo"
 
 
+class MxImagenet(MxMnist):
+    """examples/mxnet/mxnet_imagenet_resnet50.py on its synthetic data
+    (needs gluoncv for the model): ResNet-50 v1, batch 2 per rank. Its epoch
+    is ImageNet's 1281167 images, days on 2 CPU cores, so the runner stops it
+    after its first STEPS logged batches in each mode: module (Module.fit with
+    DistributedOptimizer and broadcast_parameters of arg and aux params) and
+    gluon (DistributedTrainer), checking that every rank logged them."""
+    name = "mx_imagenet"
+    filename = "mxnet_imagenet_resnet50.py"
+    default = False
+    timeout = 900
+    STEPS = 4
+    args = ["--batch-size", "2", "--num-epochs", "1", "--no-cuda", "--log-interval", "1",
+            "--warmup-epochs", "0"]
+
+    def prepare(self) -> str:
+        return Example.prepare(self)
+
+    LOGGED = re.compile(r"Epoch\[0\] (?:Rank\[(\d+)\] )?Batch ?\[(?:\d+-)?(\d+)\]\s+"
+                        r"(?:Speed: ([0-9.]+))?")
+
+    def run(self) -> None:
+        figures = []
+        for mode in ("module", "gluon"):
+            self.ctx.a.extra[self.name] = f"--mode {mode}"
+            p = self.kolorun(NP, [], f"kolorun-{mode}")
+            speeds: list = []
+            ranks: set = set()  # gluon: the ranks that logged batch STEPS themselves
+            try:
+                while len(speeds) < self.STEPS or (mode == "gluon" and len(ranks) < NP):
+                    _, m = p.wait_line(self.LOGGED, self.deadline(), what=f"{mode}: a batch")
+                    if m.group(3) is not None:
+                        speeds.append(float(m.group(3)))
+                    elif m.group(1) is not None and int(m.group(2)) >= self.STEPS:
+                        ranks.add(int(m.group(1)))
+            finally:
+                p.kill()
+            self.no_traceback(p)
+            figures.append(f"{mode}: {len(speeds)} batches logged, {speeds[-1]:.2f} samples/s "
+                           f"in all")
+        self.figures = "; ".join(figures) + " (stopped there: an epoch is ImageNet's)"
+
+
 EXAMPLES = [Synthetic, Mnist, MnistNumProc, MnistAdasum, Imagenet, SyntheticElastic, MnistElastic,
             TfSynthetic, TfKerasSynthetic, TfMnist, TfKerasMnist, TfMnistElastic,
-            TfKerasMnistElastic, MxMnist, Mx2Mnist]
+            TfKerasMnistElastic, MxMnist, Mx2Mnist, MxImagenet]
 NAMES = [e.name for e in EXAMPLES]
 
 
