@@ -7,7 +7,8 @@ Every op against float64 references on 2 and 4 ranks; the engine ordering
 an output's next operation without a wait; a mismatch raising on every
 rank; DistributedTrainer, DistributedOptimizer and broadcast_parameters
 against single-process training on the concatenated batch; a killed rank
-failing the others promptly."""
+failing the others promptly; operations still queued in MXNet's engine at
+exit completing before the comm goes."""
 
 import os
 import pathlib
@@ -56,3 +57,11 @@ def test_a_killed_rank_fails_the_others():
     print(f"survivors raised {', '.join(f'{d * 1000:.0f} ms' for d in delays)} after the SIGKILL")
     assert max(delays) < 2.0
     assert p.returncode != 0
+
+
+@pytest.mark.parametrize("mode", ["exit", "exit", "exit", "exit_shutdown"])
+def test_operations_in_the_queue_complete_before_the_comm_goes(mode):
+    res = results(run(2, mode, timeout=120))
+    for r in range(2):
+        checked = [x for x in res.get(r, []) if "exit_checked" in x]
+        assert checked and checked[0]["exit_checked"] == 50 and not checked[0]["bad"], res.get(r)

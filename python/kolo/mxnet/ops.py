@@ -15,6 +15,7 @@ raises it.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 from collections import OrderedDict
 from typing import Any, List, Optional, Sequence
@@ -46,7 +47,18 @@ def _lib():
         if st != 0:
             raise kolo._error(st, f"kolo.mxnet: cannot use MXNet's C API from {path}")
         _bound = True
+        # At exit, before kolo's own hook finalizes the comm (atexit runs in
+        # reverse, and kolo's was registered at init): operations still in
+        # MXNet's queue would otherwise run on a freed comm
+        atexit.register(drain)
     return lib
+
+
+def drain() -> None:
+    """Waits for every operation pushed onto MXNet's engine; ``shutdown()``
+    and interpreter exit call it before the comm goes."""
+    if _bound:
+        _mx().nd.waitall()
 
 
 def check_errors() -> None:

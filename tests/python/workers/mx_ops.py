@@ -4,7 +4,8 @@ can make any rank's input from its seed), the engine ordering an output's
 next MXNet operation without a wait, a name/shape mismatch raising on every
 rank with the ranks named, and DistributedTrainer / DistributedOptimizer /
 broadcast_parameters against single-process training on the concatenated
-batch. Usage: mx_ops.py ops|train|kill"""
+batch; pushed operations finishing before the comm goes at exit.
+Usage: mx_ops.py ops|train|kill|exit|exit_shutdown"""
 
 import os
 import signal
@@ -286,6 +287,30 @@ def run_kill():
     report({"never_raised": True})
 
 
-{"ops": run_ops, "train": run_train, "kill": run_kill}[MODE]()
+def run_exit():
+    """Operations still in MXNet's queue when the program ends: kolo.mxnet
+    waits for them before the comm goes, at hvd.shutdown() and at exit
+    (without it, one run in three crashed in the engine). An atexit handler
+    registered before kolo's runs after them and checks every result."""
+    import atexit
+    xs = [mx.nd.ones((1 << 15,)) * (R + 1) for _ in range(50)]
+    want = N * (N + 1) / 2
+
+    def check():
+        bad = [i for i, x in enumerate(xs) if not np.all(x.asnumpy() == want)]
+        report({"exit_checked": len(xs), "bad": bad})
+        sys.stdout.flush()
+    atexit.register(check)  # before the first push: it runs after kolo's hooks
+    for i, x in enumerate(xs):
+        hvd.allreduce_(x, name=f"exit.{i}", op=hvd.Sum)
+    report({"pushed": len(xs)})
+    if MODE == "exit_shutdown":
+        hvd.shutdown()
+    sys.exit(0)
+
+
+MODES = {"ops": run_ops, "train": run_train, "kill": run_kill, "exit": run_exit,
+         "exit_shutdown": run_exit}
+MODES[MODE]()
 report({"cases": cases.count})
 hvd.shutdown()
