@@ -29,10 +29,10 @@ def run(np_, mode, **kw):
     return kolorun(np_, [MXNET_PYTHON, str(WORKERS / "mx_ops.py"), mode], **kw)
 
 
-@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("np_", [2, 3, 4])
 def test_ops_against_references(np_):
-    names, _ = check_cases(run(np_, "ops", timeout=240), np_, 9)
-    assert "engine_order" in names and "mismatch" in names
+    names, _ = check_cases(run(np_, "ops", timeout=240), np_, 10)
+    assert {"engine_order", "mismatch", "process_set"} <= set(names)
 
 
 def test_training_equals_the_concatenated_batch():

@@ -172,12 +172,35 @@ def case_mismatch(case):
     return "no MismatchError"
 
 
+def case_process_set(case):
+    """An allreduce and a broadcast over the even ranks only (roots are job
+    ranks, as in Horovod); the odd ranks take no part."""
+    members = list(range(0, N, 2))
+    ps = hvd.add_process_set(members)
+    try:
+        if R not in members:
+            return None
+        x = mx.nd.array(data(R, (6,), "float32", 7))
+        y = hvd.allreduce(x, op=hvd.Sum, name="ps.sum", process_set=ps)
+        want = np.sum([data(r, (6,), "float32", 7).astype(np.float64) for r in members], 0)
+        bad = close(y.asnumpy(), want, "float32", "allreduce over the even ranks")
+        if bad:
+            return bad
+        root = members[-1]
+        hvd.broadcast_(x, root_rank=root, name="ps.bc", process_set=ps)
+        return close(x.asnumpy(), data(root, (6,), "float32", 7).astype(np.float64), "float32",
+                     f"broadcast from rank {root} over the even ranks")
+    finally:
+        hvd.synchronize()
+        hvd.remove_process_set(ps)
+
+
 def run_ops():
     for name, fn in [("allreduce", case_allreduce), ("grouped", case_grouped),
                      ("broadcast", case_broadcast), ("allgather", case_allgather),
                      ("alltoall", case_alltoall), ("reducescatter", case_reducescatter),
                      ("objects", case_objects), ("engine_order", case_engine_order),
-                     ("mismatch", case_mismatch)]:
+                     ("mismatch", case_mismatch), ("process_set", case_process_set)]:
         cases.run(name, fn)
 
 
