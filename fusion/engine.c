@@ -77,6 +77,8 @@ void fusion_engine_complete(struct kolo_engine *e, struct fusion_queued_op *o, k
 		KOLO_DEBUG(SUBSYS, "'%s' failed: %s: %s", o->name, kolo_status_name(st),
 		           msg ? msg : "");
 	fusion_engine_metrics_done(e, o, st);
+	kolo_flight_mark(e->cfg.flight, o->fl_seq, st == KOLO_OK ? KOLO_FL_DONE : KOLO_FL_FAILED,
+	                 st, msg ? msg : kolo_strerror(st));
 	if (o->op.cb)
 		o->op.cb(o->op.cb_arg, st);
 	if (o->h)
@@ -234,6 +236,7 @@ static kolo_status_t run_cycle(struct kolo_engine *e, bool shutdown, bool *stop,
 {
 	struct cycle_exchange x = {0};
 	struct fusion_cycle c = {0};
+	kolo_flight_activity(e->cfg.flight, KOLO_FA_NEGOTIATING);
 	kolo_status_t st = exchange(e, shutdown, &x, msg, len);
 	if (st != KOLO_OK)
 		goto out;
@@ -258,10 +261,13 @@ static kolo_status_t run_cycle(struct kolo_engine *e, bool shutdown, bool *stop,
 		st = KOLO_OK;
 		goto out;
 	}
+	kolo_flight_activity(e->cfg.flight, KOLO_FA_EXECUTING);
 	st = fusion_engine_execute(e, &c, msg, len);
 	if (st == KOLO_OK)
 		stall_inspect(e, kolo_now_ns());
 out:
+	if (st == KOLO_OK)
+		kolo_flight_activity(e->cfg.flight, KOLO_FA_IDLE);
 	fusion_cycle_fini(&c);
 	exchange_free(&x);
 	return st;
@@ -299,6 +305,7 @@ static void fail_all(struct kolo_engine *e, kolo_status_t st, const char *msg)
 		pthread_mutex_unlock(&e->lock);
 		if (!o)
 			break;
+		kolo_flight_mark(e->cfg.flight, o->fl_seq, KOLO_FL_FAILED, st, msg);
 		if (o->op.cb)
 			o->op.cb(o->op.cb_arg, st);
 		if (o->h)

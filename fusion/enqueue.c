@@ -209,6 +209,22 @@ static uint64_t *kind_seq(struct kolo_engine *e, int kind)
 	return NULL;
 }
 
+/* o's entry in the flight recorder: its name, kind, dtype and the bytes it
+ * hands over (a barrier, join or blocking call has no dtype). */
+static uint64_t record(struct kolo_engine *e, const struct fusion_queued_op *o,
+                       const struct kolo_engine_op *op)
+{
+	bool typed = op->kind != KOLO_FK_BARRIER && op->kind != KOLO_FK_JOIN &&
+	             op->kind != KOLO_FK_EXCLUSIVE;
+	uint64_t n = op->count;
+	if (op->kind == KOLO_FK_GROUP)
+		for (int i = 0; i < op->n; i++)
+			n += op->counts[i];
+	return kolo_flight_submit(e->cfg.flight, o->name, fusion_kind_name(op->kind),
+	                          typed ? (int)op->dtype : -1,
+	                          typed ? n * kolo_dtype_size(op->dtype) : 0);
+}
+
 /* Refuses o when the engine is stopping or its name is pending. Lock held. */
 static kolo_status_t check_accepting(struct kolo_engine *e, const struct fusion_queued_op *o,
                                      struct kolo_errbuf *eb)
@@ -261,6 +277,7 @@ kolo_status_t kolo_engine_enqueue(struct kolo_engine *e, const struct kolo_engin
 	}
 	if (seq)
 		(*seq)++;
+	o->fl_seq = record(e, o, op);
 	o->id = ++e->next_id;
 	o->next = e->ops;
 	e->ops = o;

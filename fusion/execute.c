@@ -882,6 +882,8 @@ static kolo_status_t fail_and_collect(struct kolo_engine *e, struct fusion_cycle
 		}
 		if (r->p.kind != KOLO_FK_ALLREDUCE && r->p.kind != KOLO_FK_GROUP)
 			continue;
+		kolo_flight_mark(e->cfg.flight, o ? o->fl_seq : 0, KOLO_FL_NEGOTIATED, KOLO_OK,
+		                 NULL);
 		kolo_status_t st = fused_item_init(e, r, o, &ars[*nar], &items[*nar]);
 		if (st != KOLO_OK)
 			return st;
@@ -902,6 +904,9 @@ static kolo_status_t run_batches(struct kolo_engine *e, struct fused_item *ars,
 		for (size_t i = 0; i < nar; i++)
 			if (batch_of[i] == b)
 				bl[cnt++] = &ars[i];
+		for (size_t i = 0; i < cnt; i++)
+			kolo_flight_mark(e->cfg.flight, bl[i]->o ? bl[i]->o->fl_seq : 0,
+			                 KOLO_FL_DATAPLANE, KOLO_OK, NULL);
 		kolo_status_t bst = run_batch(e, bl, cnt, msg, len);
 		uint64_t now = kolo_now_ns();
 		for (size_t i = 0; i < cnt; i++) {
@@ -937,6 +942,8 @@ static kolo_status_t run_others(struct kolo_engine *e, struct fusion_cycle *c, c
 			snprintf(msg, len, "response '%s' without a local operation", r->name);
 			return KOLO_EPROTO;
 		}
+		kolo_flight_mark(e->cfg.flight, o->fl_seq, KOLO_FL_NEGOTIATED, KOLO_OK, NULL);
+		kolo_flight_mark(e->cfg.flight, o->fl_seq, KOLO_FL_DATAPLANE, KOLO_OK, NULL);
 		kolo_status_t ost = run_other(e, r, o, msg, len);
 		fusion_engine_complete(e, o, ost, ost == KOLO_OK ? NULL : msg);
 		/* KOLO_EINVAL: an output that did not fit (gather_misfit), after

@@ -102,6 +102,9 @@ struct kolo_engine_config {
 	/* Test hook: called on rank 0 with each stall report (engine thread). */
 	void (*stall_hook)(void *arg, const char *report);
 	void *stall_hook_arg;
+	/* The comm's flight recorder (core/flight.h), or NULL: every op is
+	 * recorded from its enqueue to its completion. Not owned. */
+	struct kolo_flight *flight;
 	/* Device collectives; coll NULL: none (device ops fail). */
 	struct kolo_engine_device device;
 };

@@ -15,6 +15,7 @@
 
 #include "fusion.h"
 #include "gpu.h"
+#include "flight.h"
 #include "metrics.h"
 
 /* ---- growing arrays ------------------------------------------------------ */
@@ -382,6 +383,7 @@ struct fusion_queued_op {
 	size_t *gcounts;
 	kolo_handle_t *h;
 	uint64_t enqueued_ns; /* kolo_metrics_start() at enqueue */
+	uint64_t fl_seq;      /* its flight-recorder entry; 0: none */
 };
 
 /* A set of names (the timeline's open negotiations). */

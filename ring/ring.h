@@ -85,6 +85,9 @@ struct kolo_ring_config {
 	 * lookup is called with global ranks; messages and failed_peer name them. */
 	const int *ranks;
 	int tag_base;
+	/* The comm's flight recorder (core/flight.h), or NULL: a wait that
+	 * blocks tells it which peer it waits for. Not owned. */
+	struct kolo_flight *flight;
 };
 
 #define KOLO_RING_TAG 0 /* tag of a comm's conns, plus its tag_base */

@@ -75,6 +75,7 @@ static kolo_status_t bcast_chain(struct kolo_ring_comm *rc, char *buf, size_t co
 	bool checked = !has_left;
 	struct ring_waiter w;
 	ring_waiter_init(&w);
+	w.peer = has_left ? lp : -1;
 	kolo_status_t st;
 	/* The chain's description; op holds the root. Posted before any
 	 * segment: each conn delivers in order. */

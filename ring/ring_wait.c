@@ -26,6 +26,8 @@
 
 #include "ring_internal.h"
 
+#include "flight.h"
+
 #define WAIT_SLICE_MS    50
 #define SPIN_MAX_NS      1000000u
 #define MOVE_AFTER_WAITS 16u
@@ -134,6 +136,7 @@ void ring_waiter_end(struct kolo_ring_comm *rc, struct ring_waiter *w)
 	if (w->blocked_ns) {
 		adapt_spin(rc, kolo_now_ns() - w->blocked_ns);
 		w->blocked_ns = 0;
+		kolo_flight_waiting(rc->cfg.flight, false, -1);
 	}
 }
 
@@ -163,8 +166,11 @@ kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool p
 		}
 		return KOLO_OK;
 	}
-	if (!w->blocked_ns)
+	if (!w->blocked_ns) {
 		w->blocked_ns = now;
+		kolo_flight_waiting(rc->cfg.flight, true,
+		                    w->peer >= 0 ? ring_global_rank(rc, w->peer) : -1);
+	}
 	uint64_t waited_ms = (now - w->progress_ns) / 1000000u;
 	int slice = WAIT_SLICE_MS;
 	if (rc->cfg.timeout_ms > 0) {

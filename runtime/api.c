@@ -3,6 +3,7 @@
 #include "runtime.h"
 
 #include "fusion.h"
+#include "flight.h"
 #include "gpu.h"
 #include "metrics.h"
 
@@ -145,13 +146,51 @@ static kolo_status_t coll_exec(void *arg, struct kolo_ring_comm *rc)
 	return KOLO_EINVAL;
 }
 
+static const char *const coll_name[] = {
+        [C_ALLREDUCE] = "allreduce", [C_ALLGATHERV] = "allgather",
+        [C_BROADCAST] = "broadcast", [C_REDUCESCATTER] = "reducescatter",
+        [C_ALLTOALLV] = "alltoall",  [C_BARRIER] = "barrier",
+};
+
+static uint64_t coll_bytes(const struct kolo_comm *comm, const struct coll *c);
+
+/* A blocking collective without the engine in the flight recorder: named
+ * "<family>.<n>", n counting the comm's blocking calls (the same on every
+ * rank, as their order is), and in the data plane from the start. */
+static uint64_t record_blocking(struct kolo_comm *comm, const struct coll *c)
+{
+	if (!comm->flight)
+		return 0;
+	char name[64];
+	snprintf(name, sizeof(name), "%s.%llu", coll_name[c->kind],
+	         (unsigned long long)++comm->blocking_calls);
+	uint64_t seq =
+	        kolo_flight_submit(comm->flight, name, coll_name[c->kind],
+	                           c->kind == C_BARRIER ? -1 : (int)c->dtype, coll_bytes(comm, c));
+	kolo_flight_mark(comm->flight, seq, KOLO_FL_NEGOTIATED, KOLO_OK, NULL);
+	kolo_flight_mark(comm->flight, seq, KOLO_FL_DATAPLANE, KOLO_OK, NULL);
+	kolo_flight_activity(comm->flight, KOLO_FA_BLOCKING);
+	return seq;
+}
+
+static kolo_status_t record_end(struct kolo_comm *comm, uint64_t seq, kolo_status_t st)
+{
+	if (!seq)
+		return st;
+	kolo_flight_activity(comm->flight, KOLO_FA_IDLE);
+	kolo_flight_mark(comm->flight, seq, st == KOLO_OK ? KOLO_FL_DONE : KOLO_FL_FAILED, st,
+	                 comm->err.msg);
+	return st;
+}
+
 static kolo_status_t run_coll(struct kolo_comm *comm, const char *fn, struct coll *c)
 {
 	pthread_mutex_lock(&comm->engine_lock);
 	struct kolo_engine *e = comm->engine;
 	pthread_mutex_unlock(&comm->engine_lock);
+	uint64_t seq = e ? 0 : record_blocking(comm, c);
 	if (!e && !c->device)
-		return ring_result(comm, fn, coll_exec(c, comm->ring));
+		return record_end(comm, seq, ring_result(comm, fn, coll_exec(c, comm->ring)));
 	struct kolo_errbuf eb = {{0}};
 	kolo_status_t st =
 	        e ? kolo_engine_run_exclusive(e, coll_exec, c, &eb) : coll_exec(c, comm->ring);
@@ -161,7 +200,7 @@ static kolo_status_t run_coll(struct kolo_comm *comm, const char *fn, struct col
 		               c->device && c->eb->msg[0] ? c->eb->msg : eb.msg);
 		st = kolo_runtime_elastic_failed(comm, st);
 	}
-	return st;
+	return record_end(comm, seq, st);
 }
 
 static const enum kolo_metrics_coll coll_metric[] = {

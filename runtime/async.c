@@ -18,6 +18,7 @@ static kolo_status_t engine_of(struct kolo_comm *comm, struct kolo_engine **out)
 		struct kolo_errbuf eb = {{0}};
 		struct kolo_engine_config cfg;
 		kolo_runtime_engine_config(&cfg);
+		cfg.flight = comm->flight;
 		cfg.timeout_ms = comm->timeout_ms;
 		kolo_device_engine_hooks(comm, &cfg.device);
 		st = kolo_engine_create(comm->ring, comm->assignment.rank, comm->assignment.size,

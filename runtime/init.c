@@ -57,6 +57,7 @@ static void url_host(const char *url, char *out, size_t size)
 
 kolo_status_t kolo_runtime_report_rank(const struct kolo_comm *comm)
 {
+	kolo_runtime_diag_identity(comm);
 	kolo_metrics_set_assignment(comm->assignment.rank, comm->assignment.size,
 	                            comm->assignment.local_rank, comm->assignment.round);
 	int64_t fd = kolo_param_int(KOLO_P_LAUNCHER_FD);
@@ -291,6 +292,8 @@ kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm)
 	        .spin_move = !param_is(KOLO_P_SPIN_MOVE, "0", "off", "false") &&
 	                     a->local_size <= kolo_cpu_count(),
 	};
+	kolo_flight_reset_members(comm->flight, NULL, a->rank, a->size, NULL);
+	rc.flight = comm->flight;
 	struct kolo_errbuf eb = {{0}};
 	kolo_status_t st = kolo_ring_comm_create(&rc, &comm->ring, &eb);
 	if (st != KOLO_OK)
@@ -326,6 +329,8 @@ struct kolo_comm *kolo_runtime_comm_new(void)
 	pthread_mutex_init(&comm->device_lock, NULL);
 	pthread_mutex_init(&comm->p2p_lock, NULL);
 	atomic_init(&comm->aborted, false);
+	if (kolo_param_bool(KOLO_P_FLIGHT_RECORDER))
+		comm->flight = kolo_flight_create("job", -1, 0, NULL);
 	int64_t to = kolo_param_int(KOLO_P_TIMEOUT_MS);
 	comm->timeout_ms = (int)KOLO_MAX(KOLO_MIN(to, INT32_MAX), 1);
 	return comm;
@@ -345,6 +350,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 		return;
 	kolo_runtime_sets_release(comm);
 	kolo_runtime_metrics_stop(comm);
+	kolo_runtime_diag_stop(comm);
 	kolo_runtime_elastic_stop(comm);
 	kolo_runtime_p2p_destroy(comm, KOLO_ESHUTDOWN, "the comm was freed");
 	if (comm->p2p_transport)
@@ -353,6 +359,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 	kolo_device_nccl_reset(comm);
 	kolo_device_state_destroy(comm->device);
 	kolo_ring_comm_destroy(comm->ring);
+	kolo_flight_destroy(comm->flight);
 	if (comm->transport)
 		comm->transport->ops->destroy(comm->transport);
 	kolo_rdzv_client_destroy(comm->rdzv);

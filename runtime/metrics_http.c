@@ -144,10 +144,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	(void)upload_data;
 	(void)req_cls;
 	*upload_data_size = 0; /* a body, if any, is ignored */
-	static char not_found[] = "not found: the metrics are at /metrics\n",
+	static char not_found[] =
+	        "not found: the metrics are at /metrics, the flight recorder at /flight\n",
 	            no_method[] = "method not allowed: GET /metrics\n",
 	            no_memory[] = "out of memory\n";
-	if (strcmp(url, "/metrics") != 0)
+	bool flight = strcmp(url, "/flight") == 0;
+	if (strcmp(url, "/metrics") != 0 && !flight)
 		return reply(conn, MHD_HTTP_NOT_FOUND, not_found, strlen(not_found),
 		             MHD_RESPMEM_PERSISTENT, "text/plain");
 	if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
@@ -155,10 +157,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		             MHD_RESPMEM_PERSISTENT, "text/plain");
 	char *text = NULL;
 	size_t len = 0;
-	if (kolo_metrics_render(&text, &len) != KOLO_OK)
+	kolo_status_t st =
+	        flight ? kolo_runtime_flight_json(&text, &len) : kolo_metrics_render(&text, &len);
+	if (st != KOLO_OK)
 		return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, no_memory, strlen(no_memory),
 		             MHD_RESPMEM_PERSISTENT, "text/plain");
-	return reply(conn, MHD_HTTP_OK, text, len, MHD_RESPMEM_MUST_FREE, METRICS_CONTENT_TYPE);
+	return reply(conn, MHD_HTTP_OK, text, len, MHD_RESPMEM_MUST_FREE,
+	             flight ? "application/json" : METRICS_CONTENT_TYPE);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
@@ -177,6 +182,7 @@ kolo_status_t kolo_runtime_metrics_start(struct kolo_comm *comm)
 {
 	const struct kolo_rdzv_assignment *a = &comm->assignment;
 	kolo_metrics_set_assignment(a->rank, a->size, a->local_rank, a->round);
+	kolo_runtime_diag_start(comm);
 	const char *spec = kolo_param_str(KOLO_P_METRICS_LISTEN);
 	if (!spec[0] || comm->metrics)
 		return KOLO_OK;

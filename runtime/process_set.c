@@ -265,6 +265,10 @@ KOLO_API kolo_status_t kolo_process_set_create(kolo_comm_t *comm, const int *ran
 			atomic_fetch_add(&comm->epoch->refs, 1);
 			(*set)->parent_epoch = comm->epoch;
 			(*set)->parent_gen = atomic_load(&comm->epoch->gen);
+			char label[32];
+			snprintf(label, sizeof(label), "set %d", comm->sets_made);
+			kolo_flight_reset_members((*set)->flight, label, kolo_rank(*set), n,
+			                          members);
 			KOLO_INFO(SUBSYS, "process set %d: rank %d of %d", comm->sets_made,
 			          kolo_rank(*set), n);
 		}

@@ -115,6 +115,10 @@ void kolo_runtime_elastic_stop(struct kolo_comm *comm)
 
 kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st)
 {
+	/* The failures that end a comm (not a bad argument or a mismatch). */
+	if (!comm->elastic && (st == KOLO_ETIMEDOUT || st == KOLO_EPEER || st == KOLO_EPROTO ||
+	                       st == KOLO_ESYSTEM || st == KOLO_ECLOSED || st == KOLO_EMEMBERSHIP))
+		kolo_runtime_diag_fatal(kolo_status_name(st));
 	if (!comm->elastic || !kolo_runtime_membership_failure(st))
 		return st;
 	/* Wake every other rank now (their watchers abort their rings), and

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "core.h"
+#include "flight.h"
 #include "rendezvous.h"
 #include "ring.h"
 #include "transport.h"
@@ -70,7 +71,27 @@ struct kolo_comm {
 	struct kolo_set_epoch *parent_epoch;
 	uint64_t parent_gen;
 	int sets_made;
+	/* The flight recorder of this comm's collectives (core/flight.h), kept
+	 * across re-forms; blocking_calls numbers the blocking collectives
+	 * that run without the engine. */
+	struct kolo_flight *flight;
+	uint64_t blocking_calls;
+	bool diag; /* holds a reference on the diagnosis thread (diag.c) */
 };
+
+/* ---- the flight recorder's reports (diag.c, docs/diagnosis.md) ----------
+ * start: the first comm of the process starts the diagnosis thread (its
+ * reports to the rendezvous, when the comm has one; SIGUSR1 dumps), later
+ * ones take a reference; stop drops it, the last stops the thread. identity:
+ * the rank, size and round that reports and dumps carry, after every new
+ * assignment of the comm that started it. fatal: writes the recorder to a
+ * file, the first time only. flight_json: the recorder as JSON (the metrics
+ * endpoint's /flight). */
+void kolo_runtime_diag_start(struct kolo_comm *comm);
+void kolo_runtime_diag_stop(struct kolo_comm *comm);
+void kolo_runtime_diag_identity(const struct kolo_comm *comm);
+void kolo_runtime_diag_fatal(const char *why);
+kolo_status_t kolo_runtime_flight_json(char **out, size_t *len);
 
 /* ---- process sets (process_set.c) ------------------------------------- */
 struct kolo_bootstrap;

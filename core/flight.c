@@ -1,0 +1,340 @@
+/* flight: the flight recorder's buffer, the process's list of recorders and
+ * their JSON snapshot (flight.h). */
+#include "flight.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kolo/kolo.h"
+#include "metrics.h"
+
+#define ERR_MAX 240
+
+struct fl_entry {
+	uint64_t seq, cseq, bytes;
+	uint64_t t[KOLO_FL_NSTATES]; /* kolo_now_ns() on entering each state; 0: not yet */
+	const char *op;
+	int dtype;
+	kolo_status_t st;
+	enum kolo_flight_state state;
+	char name[KOLO_FLIGHT_NAME_MAX];
+	char err[ERR_MAX];
+};
+
+struct kolo_flight {
+	struct kolo_flight *next; /* in the registry */
+	pthread_mutex_t lock;
+	char label[32];
+	int rank, size;
+	int *members;
+	uint64_t next_seq, next_cseq;
+	atomic_int activity;
+	atomic_int wait_peer;
+	atomic_uint_least64_t wait_since;
+	struct fl_entry e[KOLO_FLIGHT_ENTRIES];
+};
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kolo_flight *reg_head;
+
+static const char *const state_names[] = {"submitted", "negotiated", "dataplane", "done", "failed"};
+static const char *const activity_names[] = {"idle", "negotiating", "executing", "blocking"};
+
+const char *kolo_flight_state_name(enum kolo_flight_state s)
+{
+	return (unsigned)s < KOLO_FL_NSTATES ? state_names[s] : "?";
+}
+
+static void set_members(struct kolo_flight *f, int rank, int size, const int *members)
+{
+	int *m = size > 0 ? malloc((size_t)size * sizeof(*m)) : NULL;
+	for (int i = 0; m && i < size; i++)
+		m[i] = members ? members[i] : i;
+	free(f->members);
+	f->members = m;
+	f->rank = rank;
+	f->size = m ? size : 0;
+}
+
+struct kolo_flight *kolo_flight_create(const char *label, int rank, int size, const int *members)
+{
+	struct kolo_flight *f = calloc(1, sizeof(*f));
+	if (!f)
+		return NULL;
+	pthread_mutex_init(&f->lock, NULL);
+	snprintf(f->label, sizeof(f->label), "%s", label);
+	set_members(f, rank, size, members);
+	f->next_seq = f->next_cseq = 1;
+	atomic_init(&f->activity, KOLO_FA_IDLE);
+	atomic_init(&f->wait_peer, -1);
+	atomic_init(&f->wait_since, 0);
+	pthread_mutex_lock(&reg_lock);
+	f->next = reg_head;
+	reg_head = f;
+	pthread_mutex_unlock(&reg_lock);
+	return f;
+}
+
+void kolo_flight_destroy(struct kolo_flight *f)
+{
+	if (!f)
+		return;
+	pthread_mutex_lock(&reg_lock);
+	for (struct kolo_flight **pp = &reg_head; *pp; pp = &(*pp)->next)
+		if (*pp == f) {
+			*pp = f->next;
+			break;
+		}
+	pthread_mutex_unlock(&reg_lock);
+	pthread_mutex_destroy(&f->lock);
+	free(f->members);
+	free(f);
+}
+
+void kolo_flight_reset_members(struct kolo_flight *f, const char *label, int rank, int size,
+                               const int *members)
+{
+	if (!f)
+		return;
+	pthread_mutex_lock(&f->lock);
+	if (label)
+		snprintf(f->label, sizeof(f->label), "%s", label);
+	set_members(f, rank, size, members);
+	pthread_mutex_unlock(&f->lock);
+}
+
+uint64_t kolo_flight_submit(struct kolo_flight *f, const char *name, const char *op, int dtype,
+                            uint64_t bytes)
+{
+	if (!f)
+		return 0;
+	uint64_t now = kolo_now_ns();
+	pthread_mutex_lock(&f->lock);
+	uint64_t seq = f->next_seq++;
+	struct fl_entry *e = &f->e[seq % KOLO_FLIGHT_ENTRIES];
+	e->seq = seq;
+	e->cseq = 0;
+	e->bytes = bytes;
+	memset(e->t, 0, sizeof(e->t));
+	e->t[KOLO_FL_SUBMITTED] = now;
+	e->op = op;
+	e->dtype = dtype;
+	e->st = KOLO_OK;
+	e->state = KOLO_FL_SUBMITTED;
+	size_t n = strlen(name);
+	if (n >= sizeof(e->name))
+		n = sizeof(e->name) - 1;
+	memcpy(e->name, name, n);
+	e->name[n] = '\0';
+	e->err[0] = '\0';
+	pthread_mutex_unlock(&f->lock);
+	return seq;
+}
+
+void kolo_flight_mark(struct kolo_flight *f, uint64_t seq, enum kolo_flight_state state,
+                      kolo_status_t st, const char *msg)
+{
+	if (!f || !seq)
+		return;
+	uint64_t now = kolo_now_ns();
+	pthread_mutex_lock(&f->lock);
+	struct fl_entry *e = &f->e[seq % KOLO_FLIGHT_ENTRIES];
+	if (e->seq == seq && e->state < KOLO_FL_DONE) {
+		if (state == KOLO_FL_NEGOTIATED && !e->cseq)
+			e->cseq = f->next_cseq++;
+		if (state == KOLO_FL_FAILED) {
+			e->st = st;
+			snprintf(e->err, sizeof(e->err), "%s", msg ? msg : "");
+		}
+		e->state = state;
+		e->t[state] = now;
+	}
+	pthread_mutex_unlock(&f->lock);
+}
+
+void kolo_flight_activity(struct kolo_flight *f, enum kolo_flight_activity a)
+{
+	if (f)
+		atomic_store_explicit(&f->activity, (int)a, memory_order_relaxed);
+}
+
+void kolo_flight_waiting(struct kolo_flight *f, bool blocked, int peer)
+{
+	if (!f)
+		return;
+	atomic_store_explicit(&f->wait_since, blocked ? kolo_now_ns() : 0, memory_order_relaxed);
+	atomic_store_explicit(&f->wait_peer, blocked ? peer : -1, memory_order_relaxed);
+}
+
+double kolo_flight_oldest_open_s(void)
+{
+	uint64_t now = kolo_now_ns(), oldest = now;
+	pthread_mutex_lock(&reg_lock);
+	for (struct kolo_flight *f = reg_head; f; f = f->next) {
+		pthread_mutex_lock(&f->lock);
+		for (int i = 0; i < KOLO_FLIGHT_ENTRIES; i++) {
+			const struct fl_entry *e = &f->e[i];
+			if (e->seq && e->state < KOLO_FL_DONE && e->t[KOLO_FL_SUBMITTED] < oldest)
+				oldest = e->t[KOLO_FL_SUBMITTED];
+		}
+		pthread_mutex_unlock(&f->lock);
+	}
+	pthread_mutex_unlock(&reg_lock);
+	return (double)(now - oldest) / 1e9;
+}
+
+/* ---- the JSON snapshot ---------------------------------------------------- */
+
+static void json_str(struct kolo_metrics_text *t, const char *s)
+{
+	kolo_metrics_text_add(t, "\"");
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			kolo_metrics_text_add(t, "\\%c", *p);
+		else if (*p < 0x20)
+			kolo_metrics_text_add(t, "\\u%04x", *p);
+		else
+			kolo_metrics_text_add(t, "%c", *p);
+	}
+	kolo_metrics_text_add(t, "\"");
+}
+
+static double ms_ago(uint64_t now, uint64_t t)
+{
+	return t && t <= now ? (double)(now - t) / 1e6 : 0.0;
+}
+
+static void render_entry(struct kolo_metrics_text *t, const struct fl_entry *e, uint64_t now)
+{
+	kolo_metrics_text_add(t,
+	                      "{\"seq\":%llu,\"cseq\":%llu,\"name\":", (unsigned long long)e->seq,
+	                      (unsigned long long)e->cseq);
+	json_str(t, e->name);
+	kolo_metrics_text_add(t, ",\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,\"state\":\"%s\"",
+	                      e->op ? e->op : "?",
+	                      e->dtype >= 0 ? kolo_dtype_name((kolo_dtype_t)e->dtype) : "none",
+	                      (unsigned long long)e->bytes, state_names[e->state]);
+	kolo_metrics_text_add(t, ",\"age_ms\":%.1f,\"status\":\"%s\",\"times_ms\":{",
+	                      ms_ago(now, e->t[KOLO_FL_SUBMITTED]), kolo_status_name(e->st));
+	bool first = true;
+	for (int s = 0; s < KOLO_FL_NSTATES; s++)
+		if (e->t[s]) {
+			kolo_metrics_text_add(t, "%s\"%s\":%.1f", first ? "" : ",", state_names[s],
+			                      ms_ago(now, e->t[s]));
+			first = false;
+		}
+	kolo_metrics_text_add(t, "}");
+	if (e->state == KOLO_FL_FAILED) {
+		kolo_metrics_text_add(t, ",\"error\":");
+		json_str(t, e->err);
+	}
+	kolo_metrics_text_add(t, "}");
+}
+
+/* Copies f's entries, oldest first, at most max (0: all), into v; returns
+ * their number. f->lock held. */
+static int snapshot_entries(const struct kolo_flight *f, int max, struct fl_entry *v)
+{
+	uint64_t last = f->next_seq - 1;
+	uint64_t n = last < KOLO_FLIGHT_ENTRIES ? last : KOLO_FLIGHT_ENTRIES;
+	if (max > 0 && n > (uint64_t)max)
+		n = (uint64_t)max;
+	for (uint64_t i = 0; i < n; i++)
+		v[i] = f->e[(last - n + 1 + i) % KOLO_FLIGHT_ENTRIES];
+	return (int)n;
+}
+
+static void render_comm(struct kolo_metrics_text *t, struct kolo_flight *f, int max,
+                        struct fl_entry *v, uint64_t now)
+{
+	pthread_mutex_lock(&f->lock);
+	int n = snapshot_entries(f, max, v);
+	kolo_metrics_text_add(t, "{\"label\":");
+	json_str(t, f->label);
+	kolo_metrics_text_add(t, ",\"rank\":%d,\"size\":%d,\"members\":[", f->rank, f->size);
+	for (int i = 0; i < f->size; i++)
+		kolo_metrics_text_add(t, "%s%d", i ? "," : "", f->members[i]);
+	int peer = atomic_load_explicit(&f->wait_peer, memory_order_relaxed);
+	if (peer >= 0 && peer < f->size)
+		peer = f->members[peer];
+	pthread_mutex_unlock(&f->lock);
+	uint64_t since = atomic_load_explicit(&f->wait_since, memory_order_relaxed);
+	int a = atomic_load_explicit(&f->activity, memory_order_relaxed);
+	kolo_metrics_text_add(t, "],\"activity\":\"%s\",\"waiting_on\":%d,\"waiting_ms\":%.1f",
+	                      activity_names[a & 3], peer, ms_ago(now, since));
+	kolo_metrics_text_add(t, ",\"entries\":[");
+	for (int i = 0; i < n; i++) {
+		if (i)
+			kolo_metrics_text_add(t, ",");
+		render_entry(t, &v[i], now);
+	}
+	kolo_metrics_text_add(t, "]}");
+}
+
+kolo_status_t kolo_flight_render(const struct kolo_flight_identity *id, int max_entries, char **out,
+                                 size_t *len)
+{
+	struct kolo_metrics_text t = {0};
+	struct fl_entry *v = malloc(KOLO_FLIGHT_ENTRIES * sizeof(*v));
+	if (!v)
+		return KOLO_ENOMEM;
+	uint64_t now = kolo_now_ns();
+	kolo_metrics_text_add(&t, "{\"version\":1,\"rank\":%d,\"size\":%d,\"round\":%lld,\"host\":",
+	                      id->rank, id->size, (long long)id->round);
+	json_str(&t, id->host ? id->host : "");
+	kolo_metrics_text_add(&t, ",\"job\":");
+	json_str(&t, id->job ? id->job : "");
+	kolo_metrics_text_add(
+	        &t, ",\"pid\":%ld,\"gen\":%llu,\"time_ms\":%llu,\"reason\":", (long)getpid(),
+	        (unsigned long long)id->gen, (unsigned long long)(kolo_wall_us() / 1000));
+	json_str(&t, id->reason ? id->reason : "");
+	kolo_metrics_text_add(&t, ",\"comms\":[");
+	pthread_mutex_lock(&reg_lock);
+	int i = 0;
+	for (struct kolo_flight *f = reg_head; f; f = f->next, i++) {
+		if (i)
+			kolo_metrics_text_add(&t, ",");
+		render_comm(&t, f, max_entries, v, now);
+	}
+	pthread_mutex_unlock(&reg_lock);
+	kolo_metrics_text_add(&t, "]}\n");
+	free(v);
+	if (t.oom) {
+		free(t.b);
+		return KOLO_ENOMEM;
+	}
+	*out = t.b;
+	*len = t.len;
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_flight_dump(const struct kolo_flight_identity *id, const char *dir, char *path,
+                               size_t path_size)
+{
+	char *body, tmp[600];
+	size_t len;
+	kolo_status_t st = kolo_flight_render(id, 0, &body, &len);
+	if (st != KOLO_OK)
+		return st;
+	char job[128];
+	snprintf(job, sizeof(job), "%s", id->job && id->job[0] ? id->job : "job");
+	for (char *c = job; *c; c++)
+		if (*c == '/')
+			*c = '_';
+	snprintf(path, path_size, "%s/kolo-flight-%s-%d-%ld.json", dir && dir[0] ? dir : ".", job,
+	         id->rank, (long)getpid());
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *fp = fopen(tmp, "w");
+	bool ok = fp && fwrite(body, 1, len, fp) == len;
+	ok = fp && fclose(fp) == 0 && ok;
+	free(body);
+	if (!ok || rename(tmp, path) != 0) {
+		unlink(tmp);
+		return KOLO_ESYSTEM;
+	}
+	return KOLO_OK;
+}

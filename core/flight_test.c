@@ -1,0 +1,138 @@
+/* The flight recorder: states and the agreed order, the ring buffer's
+ * wrap-around, the data plane's wait, and the JSON that reports carry
+ * (docs/diagnosis.md). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "flight.h"
+#include "testutil.h"
+
+static const struct kolo_flight_identity ID = {
+        .rank = 1, .size = 2, .round = 3, .host = "h\"1", .job = "j/x", .reason = "test"};
+
+static char *render(int max)
+{
+	char *out = NULL;
+	size_t len = 0;
+	ck_assert_int_eq(kolo_flight_render(&ID, max, &out, &len), KOLO_OK);
+	ck_assert_uint_eq(strlen(out), len);
+	return out;
+}
+
+static int count(const char *s, const char *what)
+{
+	int n = 0;
+	for (const char *p = strstr(s, what); p; p = strstr(p + 1, what))
+		n++;
+	return n;
+}
+
+START_TEST(states_and_order)
+{
+	struct kolo_flight *f = kolo_flight_create("job", 1, 2, NULL);
+	uint64_t a = kolo_flight_submit(f, "grad.a", "allreduce", KOLO_FLOAT32, 16);
+	uint64_t b = kolo_flight_submit(f, "grad.\"b\"", "allgather", KOLO_INT32, 8);
+	uint64_t c = kolo_flight_submit(f, "grad.c", "allreduce", KOLO_FLOAT64, 8);
+	ck_assert_uint_eq(a, 1);
+	ck_assert_uint_eq(c, 3);
+	/* b is negotiated before a: the agreed order is that of negotiation. */
+	kolo_flight_mark(f, b, KOLO_FL_NEGOTIATED, KOLO_OK, NULL);
+	kolo_flight_mark(f, a, KOLO_FL_NEGOTIATED, KOLO_OK, NULL);
+	kolo_flight_mark(f, a, KOLO_FL_DATAPLANE, KOLO_OK, NULL);
+	kolo_flight_mark(f, a, KOLO_FL_DONE, KOLO_OK, NULL);
+	kolo_flight_mark(f, b, KOLO_FL_FAILED, KOLO_EMISMATCH, "rank 0 passed \"x\"");
+	/* A finished entry stays finished. */
+	kolo_flight_mark(f, a, KOLO_FL_FAILED, KOLO_EPEER, "late");
+	char *s = render(0);
+	ck_assert_ptr_nonnull(
+	        strstr(s, "\"seq\":1,\"cseq\":2,\"name\":\"grad.a\",\"op\":\"allreduce\","
+	                  "\"dtype\":\"float32\",\"bytes\":16,\"state\":\"done\""));
+	ck_assert_ptr_nonnull(strstr(s, "\"seq\":2,\"cseq\":1,\"name\":\"grad.\\\"b\\\"\""));
+	ck_assert_ptr_nonnull(strstr(s, "\"state\":\"failed\""));
+	ck_assert_ptr_nonnull(strstr(s, "\"status\":\"KOLO_EMISMATCH\""));
+	ck_assert_ptr_nonnull(strstr(s, "\"error\":\"rank 0 passed \\\"x\\\"\""));
+	ck_assert_ptr_nonnull(strstr(s, "\"seq\":3,\"cseq\":0,\"name\":\"grad.c\""));
+	ck_assert_ptr_nonnull(strstr(s, "\"host\":\"h\\\"1\""));
+	ck_assert_ptr_null(strstr(s, "late"));
+	ck_assert_int_eq(count(s, "\"dataplane\":"), 1); /* only a reached it */
+	free(s);
+	ck_assert(kolo_flight_oldest_open_s() >= 0.0);
+	kolo_flight_mark(f, c, KOLO_FL_DONE, KOLO_OK, NULL);
+	ck_assert(kolo_flight_oldest_open_s() == 0.0);
+	kolo_flight_destroy(f);
+}
+END_TEST
+
+START_TEST(wraps_and_bounds)
+{
+	struct kolo_flight *f = kolo_flight_create("set 1", 0, 2, (const int[]){5, 7});
+	for (int i = 0; i < KOLO_FLIGHT_ENTRIES + 44; i++) {
+		char name[32];
+		snprintf(name, sizeof(name), "op.%d", i);
+		uint64_t q = kolo_flight_submit(f, name, "broadcast", KOLO_UINT8, 1);
+		kolo_flight_mark(f, q, KOLO_FL_DONE, KOLO_OK, NULL);
+	}
+	char *s = render(0);
+	ck_assert_int_eq(count(s, "\"seq\":"), KOLO_FLIGHT_ENTRIES);
+	ck_assert_ptr_nonnull(strstr(s, "\"entries\":[{\"seq\":45,"));
+	free(s);
+	s = render(4);
+	ck_assert_int_eq(count(s, "\"seq\":"), 4);
+	ck_assert_ptr_nonnull(strstr(s, "\"name\":\"op.299\""));
+	ck_assert_ptr_nonnull(strstr(s, "\"members\":[5,7]"));
+	ck_assert_ptr_nonnull(strstr(s, "\"waiting_on\":-1"));
+	free(s);
+	/* A blocked wait names the peer by its job rank. */
+	kolo_flight_waiting(f, true, 1);
+	kolo_flight_activity(f, KOLO_FA_NEGOTIATING);
+	s = render(1);
+	ck_assert_ptr_nonnull(strstr(s, "\"activity\":\"negotiating\",\"waiting_on\":7"));
+	free(s);
+	kolo_flight_waiting(f, false, -1);
+	s = render(1);
+	ck_assert_ptr_nonnull(strstr(s, "\"waiting_on\":-1,\"waiting_ms\":0.0"));
+	free(s);
+	kolo_flight_destroy(f);
+	/* No recorder: nothing recorded, nothing fails. */
+	ck_assert_uint_eq(kolo_flight_submit(NULL, "x", "allreduce", 0, 0), 0);
+	kolo_flight_mark(NULL, 1, KOLO_FL_DONE, KOLO_OK, NULL);
+}
+END_TEST
+
+START_TEST(dump_file)
+{
+	struct kolo_flight *f = kolo_flight_create("job", 1, 2, NULL);
+	kolo_flight_submit(f, "open.op", "allreduce", KOLO_FLOAT32, 4);
+	char dir[] = "/tmp/kolo-flight-test-XXXXXX", path[512];
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	ck_assert_int_eq(kolo_flight_dump(&ID, dir, path, sizeof(path)), KOLO_OK);
+	ck_assert_ptr_nonnull(strstr(path, "/kolo-flight-j_x-1-"));
+	FILE *fp = fopen(path, "r");
+	ck_assert_ptr_nonnull(fp);
+	char buf[4096];
+	size_t n = fread(buf, 1, sizeof(buf) - 1, fp);
+	buf[n] = '\0';
+	fclose(fp);
+	ck_assert_ptr_nonnull(strstr(buf, "\"name\":\"open.op\",\"op\":\"allreduce\""));
+	ck_assert_ptr_nonnull(strstr(buf, "\"reason\":\"test\""));
+	unlink(path);
+	rmdir(dir);
+	ck_assert_int_ne(kolo_flight_dump(&ID, "/nonexistent/dir", path, sizeof(path)), KOLO_OK);
+	kolo_flight_destroy(f);
+}
+END_TEST
+
+static Suite *flight_suite(void)
+{
+	Suite *s = suite_create("flight");
+	TCase *tc = tcase_create("flight");
+	tcase_add_test(tc, states_and_order);
+	tcase_add_test(tc, wraps_and_bounds);
+	tcase_add_test(tc, dump_file);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+KOLO_CHECK_MAIN(flight_suite)
