@@ -190,5 +190,14 @@ kolo_status_t kolo_rdzv_job_configure(struct kolo_rdzv_client *c, int min_np, in
 kolo_status_t kolo_rdzv_job_status(struct kolo_rdzv_client *c, char **json);
 /* The job's current round and its number of members (0 before the first). */
 kolo_status_t kolo_rdzv_job_round(struct kolo_rdzv_client *c, int64_t *round, int *size);
+/* The job's hang diagnosis (docs/rendezvous.md, "Diagnosis") as JSON text;
+ * the caller frees *json. With request, first asks every worker for a fresh
+ * report (POST /diagnosis gives its number N), then GETs ?request=N every
+ * 200 ms until "complete" or wait_ms passed, and returns the last answer;
+ * without, one GET of what the reports say now. Blocks at most wait_ms plus
+ * one request's time (and the retry deadline while the server is down).
+ * KOLO_EPROTO (with the server's text) for an unknown job. */
+kolo_status_t kolo_rdzv_diagnosis(struct kolo_rdzv_client *c, bool request, int wait_ms,
+                                  char **json);
 
 #endif /* KOLO_RENDEZVOUS_H */

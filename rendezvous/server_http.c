@@ -50,6 +50,7 @@ static const char *allowed_methods(enum rdzv_endpoint ep)
 	        [RDZV_EP_FAILURES] = "POST",
 	        [RDZV_EP_KV] = "GET, PUT, POST, DELETE",
 	        [RDZV_EP_KV_STORE] = "GET",
+	        [RDZV_EP_DIAGNOSIS] = "GET, POST",
 	        [RDZV_EP_OTHER] = "",
 	};
 	return allow[ep];
@@ -79,7 +80,8 @@ static enum MHD_Result send_reply(struct rdzv_req *r, struct rdzv_reply rep)
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
 	enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)rep.code, resp);
 	MHD_destroy_response(resp);
-	rdzv_metrics_count(r->s, r->ep, rep.code);
+	/* /metrics has no label of its own for the diagnosis: it counts as "job". */
+	rdzv_metrics_count(r->s, r->ep == RDZV_EP_DIAGNOSIS ? RDZV_EP_JOB : r->ep, rep.code);
 	return ret;
 }
 
@@ -110,6 +112,8 @@ static void route_job_path(const char *p, struct rdzv_route *rt)
 		rt->ep = RDZV_EP_WORKERS;
 	} else if (strcmp(p, "failures") == 0) {
 		rt->ep = RDZV_EP_FAILURES;
+	} else if (strcmp(p, "diagnosis") == 0) {
+		rt->ep = RDZV_EP_DIAGNOSIS;
 	} else if (strncmp(p, "workers/", 8) == 0) {
 		p += 8;
 		rt->bad_id = !take_segment(&p, rt->id, sizeof(rt->id), false) ||
@@ -167,6 +171,8 @@ static bool method_ok(enum rdzv_endpoint ep, const char *m)
 		return get;
 	case RDZV_EP_JOB:
 		return get || put;
+	case RDZV_EP_DIAGNOSIS:
+		return get || post;
 	case RDZV_EP_KV:
 		return get || put || post || del;
 	case RDZV_EP_WORKERS:
@@ -260,6 +266,10 @@ static void call_prepare(const struct rdzv_req *r, const struct rdzv_route *rt,
 		        query_int(r->conn, "timeout_ms", 0, 0, RDZV_POLL_MAX_MS, &c->timeout_ms);
 	else if (rt->ep == RDZV_EP_KV && method == RDZV_POST)
 		c->query_ok = kv_post_query(r->conn, c);
+	else if (rt->ep == RDZV_EP_DIAGNOSIS && method == RDZV_GET)
+		c->query_ok = query_int(r->conn, "request", 0, 0, INT64_MAX, &c->diag_request) &&
+		              query_int(r->conn, "min_ms", RDZV_DIAG_MIN_MS_DEFAULT, 0,
+		                        RDZV_POLL_MAX_MS, &c->diag_min_ms);
 }
 
 /* ---- requests ----------------------------------------------------------- */
@@ -288,6 +298,7 @@ static enum MHD_Result call_handler(struct rdzv_req *r, const struct rdzv_route 
 	        [RDZV_EP_FAILURES] = rdzv_api_failure,
 	        [RDZV_EP_KV] = rdzv_api_kv,
 	        [RDZV_EP_KV_STORE] = rdzv_api_kv_store,
+	        [RDZV_EP_DIAGNOSIS] = rdzv_api_diagnosis,
 	};
 	struct kolo_rdzv_server *s = r->s;
 	struct rdzv_call call;

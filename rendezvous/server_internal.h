@@ -215,6 +215,88 @@ enum rdzv_kv_result rdzv_kv_compare_set(struct rdzv_state *st, struct rdzv_job *
                                         const void *expected, size_t exp_len, const void *desired,
                                         size_t des_len);
 
+/* ---- hang diagnosis (server_diag*.c; docs/rendezvous.md "Diagnosis") ---- */
+
+#define RDZV_DIAG_REPORT_PREFIX  "diag/report/"  /* + rank: a worker's flight recorder */
+#define RDZV_DIAG_REQUEST_PREFIX "diag/request/" /* + n: the n-th diagnosis request */
+#define RDZV_DIAG_MIN_MS_DEFAULT 1000            /* an open entry this old is a stall */
+#define RDZV_DIAG_RANKS_MAX      65536
+
+/* An entry's state as a worker's report names it. */
+enum rdzv_diag_state {
+	RDZV_DIAG_SUBMITTED,
+	RDZV_DIAG_NEGOTIATED,
+	RDZV_DIAG_DATAPLANE,
+	RDZV_DIAG_DONE,
+	RDZV_DIAG_FAILED,
+	RDZV_DIAG_UNKNOWN,
+};
+
+/* One flight-recorder entry. Strings point into the report's JSON; "" when
+ * absent. */
+struct rdzv_diag_entry {
+	const char *name, *op, *status, *error;
+	enum rdzv_diag_state state;
+	double age_ms; /* since submitted, as of the report's time_ms */
+};
+
+/* One communicator of a report ("job", or a process set). */
+struct rdzv_diag_comm {
+	const char *label, *activity;
+	int waiting_on; /* global rank its data plane waits for; -1 none */
+	double waiting_ms;
+	int *members; /* global ranks; NULL when not given */
+	int n_members;
+	struct rdzv_diag_entry *entries; /* oldest first */
+	int n_entries;
+};
+
+/* A parsed diag/report/<rank>. Missing fields read as -1 / ""; extra ones
+ * are ignored. */
+struct rdzv_diag_report {
+	json_t *root; /* owns every string below */
+	int rank, size;
+	int64_t round, gen, time_ms;
+	const char *host, *worker_id;
+	struct rdzv_diag_comm *comms;
+	int n_comms;
+};
+
+/* Parses a report (pure). KOLO_EINVAL with the reason in err when it is not
+ * JSON, not an object, or lacks an integer rank; out is then empty. */
+kolo_status_t rdzv_diag_report_parse(const char *text, size_t len, struct rdzv_diag_report *out,
+                                     char *err, size_t errsize);
+/* Frees what parse made; accepts a zeroed report. */
+void rdzv_diag_report_fini(struct rdzv_diag_report *r);
+/* An entry is open while submitted, negotiated or in the data plane. */
+bool rdzv_diag_state_open(enum rdzv_diag_state s);
+
+/* One rank of the diagnosed round, as the server knows it. */
+struct rdzv_diag_member {
+	const char *host, *worker_id;          /* NULL when unknown */
+	bool registered;                       /* a member of the round now */
+	const char *gone_why;                  /* !registered: why, when known */
+	int64_t heartbeat_ms;                  /* since its last request; -1 unknown */
+	const struct rdzv_diag_report *report; /* NULL: none usable */
+	const char *ignored;                   /* why a report was not used; NULL */
+};
+
+/* What the classifier sees: the round's ranks (m[r] is rank r) and the
+ * clock. Pure: no server, no lock. */
+struct rdzv_diag_input {
+	const char *job;
+	int64_t round;
+	int64_t request;  /* > 0: say whether every live rank answered it */
+	int64_t min_ms;   /* open entries younger than this are no stall */
+	int64_t stale_ms; /* a heartbeat older than this: not responding */
+	int64_t now_ms;   /* wall clock (ms since 1970), to age reports */
+	const struct rdzv_diag_member *m;
+	int n;
+};
+
+/* The diagnosis document of docs/rendezvous.md; NULL without memory. */
+json_t *rdzv_diag_classify(const struct rdzv_diag_input *in);
+
 /* ---- replies and requests --------------------------------------------- */
 
 enum rdzv_endpoint {
@@ -227,7 +309,8 @@ enum rdzv_endpoint {
 	RDZV_EP_HEARTBEAT,
 	RDZV_EP_FAILURES,
 	RDZV_EP_KV,
-	RDZV_EP_KV_STORE, /* /kv itself: the store as a whole */
+	RDZV_EP_KV_STORE,  /* /kv itself: the store as a whole */
+	RDZV_EP_DIAGNOSIS, /* counted as "job" in /metrics */
 	RDZV_EP_OTHER,
 	RDZV_EP_COUNT
 };
@@ -276,6 +359,8 @@ struct rdzv_call {
 	/* a KV POST: whether ?add=N and ?compare_set&expected_len=L were named */
 	bool add, compare_set;
 	int64_t add_n, expected_len;
+	/* a diagnosis GET: ?request=N (0: none) and ?min_ms=M */
+	int64_t diag_request, diag_min_ms;
 };
 
 enum rdzv_wait_kind { RDZV_WAIT_NONE, RDZV_WAIT_ASSIGN, RDZV_WAIT_KV };
@@ -335,6 +420,8 @@ typedef struct rdzv_reply rdzv_api_fn(struct kolo_rdzv_server *s, struct rdzv_re
                                       const struct rdzv_call *c, uint64_t now);
 rdzv_api_fn rdzv_api_job, rdzv_api_join, rdzv_api_leave, rdzv_api_assignment, rdzv_api_heartbeat,
         rdzv_api_failure, rdzv_api_kv, rdzv_api_kv_store;
+/* POST and GET /diagnosis (server_diag_api.c). */
+rdzv_api_fn rdzv_api_diagnosis;
 
 /* ---- HTTP (server_http.c, the only file that includes microhttpd.h) --- */
 
