@@ -1,5 +1,5 @@
 """The console scripts of the kolo wheel: ``kolorun``, ``kolo-rendezvous``,
-``kolo-info`` and ``kolo-bench``.
+``kolo-info``, ``kolo-bench`` and ``kolo-doctor``.
 
 The wheel carries the binaries at ``kolo/bin/``; ``pip install`` puts these
 entry points on ``PATH``, and each one replaces itself (``os.execv``) with
@@ -15,7 +15,7 @@ import pathlib
 import sys
 
 BIN_DIR = pathlib.Path(__file__).resolve().parent / "bin"
-NAMES = ("kolorun", "kolo-rendezvous", "kolo-info", "kolo-bench")
+NAMES = ("kolorun", "kolo-rendezvous", "kolo-info", "kolo-bench", "kolo-doctor")
 
 
 def binary(name: str) -> pathlib.Path:
@@ -59,6 +59,10 @@ def kolo_info() -> int:
 
 def kolo_bench() -> int:
     return run("kolo-bench")
+
+
+def kolo_doctor() -> int:
+    return run("kolo-doctor")
 
 
 if __name__ == "__main__":  # python -m kolo._cli NAME [ARGS...]

@@ -79,7 +79,8 @@ names = set(z.namelist())
 need = ["kolo/__init__.py", "kolo/_lib.py", "kolo/_cli.py", "kolo/torch/__init__.py",
         "kolo/torch/distributed/__init__.py", "kolo/torch/distributed/_torchrun.py",
         "kolo/lib/libkolo.so"]
-need += ["kolo/bin/" + b for b in ("kolorun", "kolo-rendezvous", "kolo-info", "kolo-bench")]
+need += ["kolo/bin/" + b for b in ("kolorun", "kolo-rendezvous", "kolo-info", "kolo-bench",
+                                   "kolo-doctor")]
 missing = [n for n in need if n not in names]
 stray = [n for n in names if "__pycache__" in n or n.endswith(".pyc")
          or n.startswith(("include/", "bin/", "lib/"))]
@@ -147,7 +148,7 @@ echo "$out"
 [ "$(echo "$out" | sed -n 3p)" = "$version $version" ] ||
 	fail "versions: the dist-info and kolo.__version__ say '$(echo "$out" | sed -n 3p)', the C project $version"
 
-for b in kolorun kolo-rendezvous kolo-info kolo-bench; do
+for b in kolorun kolo-rendezvous kolo-info kolo-bench kolo-doctor; do
 	[ "$(command -v "$b")" = "$tmp/venv/bin/$b" ] || fail "$b on PATH is $(command -v "$b"), not the venv's"
 done
 info=$(timeout 30 kolo-info) || fail "kolo-info exited $?: $info"
@@ -161,6 +162,7 @@ grep -q '^cuda runtime: ' <<<"$info" || fail "kolo-info: no cuda section"
 grep -q '^verbs: ' <<<"$info" || fail "kolo-info: no verbs section"
 timeout 30 kolo-rendezvous --version || fail "kolo-rendezvous --version exited $?"
 timeout 30 kolo-bench --help >/dev/null || fail "kolo-bench --help exited $?"
+timeout 30 kolo-doctor --help >/dev/null || fail "kolo-doctor --help exited $?"
 timeout 30 kolorun --help >/dev/null || fail "kolorun --help exited $?"
 ep=$(timeout 60 python -c '
 from torch.distributed.elastic.rendezvous import registry
