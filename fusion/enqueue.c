@@ -220,7 +220,14 @@ static uint64_t record(struct kolo_engine *e, const struct fusion_queued_op *o,
 	if (op->kind == KOLO_FK_GROUP)
 		for (int i = 0; i < op->n; i++)
 			n += op->counts[i];
-	return kolo_flight_submit(e->cfg.flight, o->name, fusion_kind_name(op->kind),
+	static const char *const ops[KOLO_FK_COUNT] = {
+	        [KOLO_FK_ALLREDUCE] = "allreduce", [KOLO_FK_GROUP] = "grouped_allreduce",
+	        [KOLO_FK_ALLGATHER] = "allgather", [KOLO_FK_BROADCAST] = "broadcast",
+	        [KOLO_FK_ALLTOALL] = "alltoall",   [KOLO_FK_REDUCESCATTER] = "reducescatter",
+	        [KOLO_FK_BARRIER] = "barrier",     [KOLO_FK_JOIN] = "join",
+	        [KOLO_FK_EXCLUSIVE] = "blocking"};
+	const char *name = op->kind > 0 && op->kind < KOLO_FK_COUNT ? ops[op->kind] : NULL;
+	return kolo_flight_submit(e->cfg.flight, o->name, name ? name : "?",
 	                          typed ? (int)op->dtype : -1,
 	                          typed ? n * kolo_dtype_size(op->dtype) : 0);
 }

@@ -150,7 +150,8 @@ static void *diag_main(void *arg)
 	while (!atomic_load(&D.stop)) {
 		bool asked = wait_request(gen);
 		char b[16];
-		if (read(D.pipe[0], b, sizeof(b)) > 0)
+		ssize_t n = read(D.pipe[0], b, sizeof(b));
+		if (n > 0 && memchr(b, 1, (size_t)n)) /* 1: SIGUSR1; 0: the stop's wake-up */
 			dump_file("SIGUSR1");
 		if (!D.rdzv || atomic_load(&D.stop))
 			continue;
