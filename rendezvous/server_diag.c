@@ -39,6 +39,7 @@ struct diag {
 	int n;
 	bool *stale_hb; /* n: registered, heartbeat older than stale_ms */
 	bool *silent;   /* n: no report since a stalled op began, while others report */
+	int pending;    /* silent ranks not blamed yet: a request to them is young */
 	bool *blamed;   /* n: already named as a culprit */
 	json_t *culprits;
 };
@@ -97,21 +98,40 @@ static void ranks_text(const struct stall *s, int n, enum part p, char *out, siz
 
 /* ---- finding the stalled op ---------------------------------------------- */
 
-/* The oldest open entry of comm label at least min_ms old, over all reports. */
+/* How many ranks have name open on comm label. */
+static int open_count(const struct diag *d, const char *label, const char *name)
+{
+	int k = 0;
+	for (int r = 0; r < d->n; r++) {
+		const struct rdzv_diag_entry *e =
+		        entry_of(comm_of(d->in->m[r].report, label), name);
+		k += e && rdzv_diag_state_open(e->state);
+	}
+	return k;
+}
+
+/* The stalled op of comm label: of the open entries at least min_ms old,
+ * the one most ranks wait in, the oldest of those. (A rank that skipped an
+ * op submits the next one about when the others submit the skipped one:
+ * the age alone would pick either.) */
 static bool stall_find(const struct diag *d, const char *label, struct stall *s)
 {
+	int best = 0;
 	s->age_ms = -1;
 	for (int r = 0; r < d->n; r++) {
 		const struct rdzv_diag_comm *c = comm_of(d->in->m[r].report, label);
 		for (int i = 0; c && i < c->n_entries; i++) {
 			const struct rdzv_diag_entry *e = &c->entries[i];
-			if (rdzv_diag_state_open(e->state) && e->age_ms >= (double)d->in->min_ms &&
-			    e->age_ms > s->age_ms) {
-				s->label = c->label;
-				s->name = e->name;
-				s->op = e->op[0] ? e->op : "collective";
-				s->age_ms = e->age_ms;
-			}
+			if (!rdzv_diag_state_open(e->state) || e->age_ms < (double)d->in->min_ms)
+				continue;
+			int k = open_count(d, label, e->name);
+			if (k < best || (k == best && e->age_ms <= s->age_ms))
+				continue;
+			best = k;
+			s->label = c->label;
+			s->name = e->name;
+			s->op = e->op[0] ? e->op : "collective";
+			s->age_ms = e->age_ms;
 		}
 	}
 	return s->age_ms >= 0;
@@ -244,11 +264,26 @@ static void unresponsive(struct diag *d, const struct stall *s, int r)
 	culprit_add(d, r, m->registered ? "unresponsive" : "dead", detail, NULL);
 }
 
+/* A silent rank that may still answer: registered, heartbeats arriving,
+ * and no request made during the stall has waited RDZV_DIAG_ANSWER_MS. */
+static bool may_answer(const struct diag *d, const struct stall *s, int r)
+{
+	const struct rdzv_diag_input *in = d->in;
+	bool overdue =
+	        in->request_ms >= s->start_ms && in->now_ms - in->request_ms >= RDZV_DIAG_ANSWER_MS;
+	return s->part[r] == P_SILENT && in->m[r].registered && !d->stale_hb[r] &&
+	       !in->m[r].ignored && !overdue;
+}
+
 /* A rank's part makes it a culprit: absent, silent, stopped or gone. */
 static void blame_rank(struct diag *d, const struct stall *s, int r)
 {
 	if (d->blamed[r] || s->part[r] == P_OUTSIDE || s->part[r] == P_DONE)
 		return;
+	if (may_answer(d, s, r)) {
+		d->pending++;
+		return;
+	}
 	d->silent[r] = s->part[r] == P_SILENT && !d->in->m[r].ignored;
 	if (!d->in->m[r].registered || d->stale_hb[r] || s->part[r] == P_SILENT)
 		unresponsive(d, s, r);
@@ -311,7 +346,7 @@ static void link_culprit(struct diag *d, const struct stall *s, int start)
  * every rank of the op waits (nobody else to blame). */
 static void find_links(struct diag *d, const struct stall *s, bool all_wait)
 {
-	int *seen = calloc((size_t)d->n, sizeof(*seen));
+	int *seen = calloc((size_t)KOLO_MAX(d->n, 1), sizeof(*seen));
 	for (int r = 0; seen && r < d->n; r++) {
 		int v = r;
 		while (v >= 0 && !seen[v]) {
@@ -493,17 +528,25 @@ static json_t *summary(const struct diag *d, const struct stall *s)
 	const char *detail = json_string_value(json_object_get(c, "detail"));
 	if (!c && !s)
 		snprintf(text, sizeof(text), "no stalled collective");
+	else if (!c && d->pending)
+		snprintf(text, sizeof(text),
+		         "%s '%s' has been open %.0f ms in %s; waiting for the reports of %d "
+		         "rank%s",
+		         s->op, s->name, s->age_ms, s->waiters, d->pending,
+		         d->pending > 1 ? "s" : "");
 	else if (!c)
 		snprintf(text, sizeof(text),
 		         "%s '%s' has been open %.0f ms in %s; no rank is to blame", s->op, s->name,
 		         s->age_ms, s->waiters);
 	else if (strcmp(kind, "link") == 0 || strcmp(kind, "mismatch") == 0)
 		snprintf(text, sizeof(text), "%s%s", s ? "" : "no stalled collective; ", detail);
-	else
+	else {
+		const char *proc = json_string_value(json_object_get(c, "process"));
 		snprintf(text, sizeof(text), "rank %d (host %s) %s; its process is %s",
 		         (int)json_integer_value(json_object_get(c, "rank")),
 		         json_string_value(json_object_get(c, "host")), detail,
-		         json_string_value(json_object_get(c, "process")));
+		         strcmp(proc, "not_responding") == 0 ? "not responding" : proc);
+	}
 	if (n > 1) {
 		size_t o = strlen(text);
 		snprintf(text + o, sizeof(text) - o, " (and %zu more culprit%s)", n - 1,

@@ -42,6 +42,25 @@ static int64_t last_request(const struct rdzv_job *j)
 	return n;
 }
 
+/* When the newest diag/request/<n> was made (its "time_ms"), 0: none. */
+static int64_t last_request_ms(const struct rdzv_job *j)
+{
+	int64_t best = -1, ms = 0;
+	KOLO_STRMAP_FOREACH(&j->kv, e)
+	{
+		int64_t n = key_number(e->key, RDZV_DIAG_REQUEST_PREFIX);
+		if (n <= best)
+			continue;
+		const struct rdzv_kv_val *v = e->val;
+		json_t *o = json_loadb(v->data, v->len, 0, NULL);
+		json_t *t = json_object_get(o, "time_ms");
+		best = n;
+		ms = json_is_integer(t) ? (int64_t)json_integer_value(t) : 0;
+		json_decref(o);
+	}
+	return ms;
+}
+
 static struct rdzv_reply diag_request(struct kolo_rdzv_server *s, struct rdzv_job *j)
 {
 	int64_t n = last_request(j) + 1;
@@ -176,6 +195,7 @@ static struct rdzv_reply diag_get(struct kolo_rdzv_server *s, struct rdzv_job *j
 	        .min_ms = c->diag_min_ms,
 	        .stale_ms = 2 * (int64_t)s->st.cfg.lease_ms / 3,
 	        .now_ms = (int64_t)(kolo_wall_us() / 1000),
+	        .request_ms = last_request_ms(j),
 	        .m = m,
 	        .n = n,
 	};

@@ -68,6 +68,10 @@ static void report_text(int r, const char *text)
 		mem[r].ignored = errs[r];
 }
 
+/* When the newest request was made: by default 1 s ago, after every stall
+ * below began, so a silent rank has had time to answer. */
+static int64_t request_ms = NOW - 1000;
+
 static void classify(int64_t request)
 {
 	struct rdzv_diag_input in = {.job = "j",
@@ -76,6 +80,7 @@ static void classify(int64_t request)
 	                             .min_ms = RDZV_DIAG_MIN_MS_DEFAULT,
 	                             .stale_ms = STALE_MS,
 	                             .now_ms = NOW,
+	                             .request_ms = request_ms,
 	                             .m = mem,
 	                             .n = n_ranks};
 	json_decref(doc);
@@ -399,6 +404,51 @@ START_TEST(process_set)
 }
 END_TEST
 
+/* A rank that sent nothing is not blamed while a request made during the
+ * stall is younger than RDZV_DIAG_ANSWER_MS, nor before any request: a
+ * live worker with nothing open reports only when asked. */
+START_TEST(silent_rank_gets_time_to_answer)
+{
+	members(4, "a", "a", "b", "b");
+	for (int r = 0; r < 4; r++)
+		if (r != 2)
+			report(r, 1, FRESH, "negotiating", -1, 0, OPEN("s", "submitted", 3000.0));
+	int64_t young[] = {NOW - 100, 0, NOW - 60000};
+	for (int i = 0; i < 3; i++) {
+		request_ms = young[i];
+		classify(0);
+		ck_assert(json_is_true(json_object_get(doc, "stalled")));
+		ck_assert_uint_eq(n_culprits(), 0);
+		ck_assert_ptr_nonnull(strstr(text("summary"), "waiting for the reports of 1 rank"));
+	}
+	request_ms = NOW - RDZV_DIAG_ANSWER_MS;
+	classify(0);
+	ck_assert_uint_eq(n_culprits(), 1);
+	culprit_is(0, 2, "unresponsive", "not_responding");
+	request_ms = NOW - 1000;
+}
+END_TEST
+
+/* The skipper's next op may be older than the op the others wait in: the
+ * stalled op is the one most ranks have open. */
+START_TEST(skipped_op_younger_than_the_next)
+{
+	members(4, "a", "a", "b", "b");
+	for (int r = 0; r < 4; r++)
+		if (r != 2)
+			report(r, 1, FRESH, "negotiating", -1, 0,
+			       DONE("step.19") "," OPEN("step.20", "submitted", 3000.0));
+	report(2, 1, FRESH, "negotiating", -1, 0,
+	       DONE("step.19") "," OPEN("step.21", "submitted", 3100.0));
+	classify(0);
+	ck_assert_uint_eq(n_culprits(), 1);
+	culprit_is(0, 2, "not_submitted", "running");
+	ck_assert_str_eq(
+	        json_string_value(json_object_get(json_object_get(doc, "stalled_op"), "name")),
+	        "step.20");
+}
+END_TEST
+
 static Suite *server_diag_suite(void)
 {
 	Suite *s = suite_create("server_diag");
@@ -417,6 +467,8 @@ static Suite *server_diag_suite(void)
 	tcase_add_test(tc, missing_reports);
 	tcase_add_test(tc, unreadable_report);
 	tcase_add_test(tc, process_set);
+	tcase_add_test(tc, silent_rank_gets_time_to_answer);
+	tcase_add_test(tc, skipped_op_younger_than_the_next);
 	suite_add_tcase(s, tc);
 	return s;
 }

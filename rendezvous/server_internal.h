@@ -290,9 +290,17 @@ struct rdzv_diag_input {
 	int64_t min_ms;   /* open entries younger than this are no stall */
 	int64_t stale_ms; /* a heartbeat older than this: not responding */
 	int64_t now_ms;   /* wall clock (ms since 1970), to age reports */
+	/* When the newest diagnosis request was made (wall clock, ms; 0: none).
+	 * A rank that sent no report since a stall began is blamed only once
+	 * a request made during the stall has gone unanswered for
+	 * RDZV_DIAG_ANSWER_MS (or its heartbeats stopped, or it left): a live
+	 * worker with nothing open reports only when asked. */
+	int64_t request_ms;
 	const struct rdzv_diag_member *m;
 	int n;
 };
+
+#define RDZV_DIAG_ANSWER_MS 500
 
 /* The diagnosis document of docs/rendezvous.md; NULL without memory. */
 json_t *rdzv_diag_classify(const struct rdzv_diag_input *in);

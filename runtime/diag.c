@@ -142,10 +142,23 @@ static bool wait_request(uint64_t gen)
 	return st == KOLO_OK;
 }
 
+/* Makes request gen: a stalled worker asks every worker of the job for its
+ * report, so that a rank with nothing open (blocked outside kolo) answers. */
+static void ask_everyone(uint64_t gen)
+{
+	char key[64], val[96];
+	snprintf(key, sizeof(key), "diag/request/%" PRIu64, gen);
+	int n = snprintf(val, sizeof(val), "{\"request\":%" PRIu64 ",\"time_ms\":%" PRIu64 "}", gen,
+	                 kolo_wall_us() / 1000);
+	if (kolo_rdzv_kv_put(D.rdzv, key, val, (size_t)n) != KOLO_OK)
+		KOLO_DEBUG(SUBSYS, "request to the rendezvous: %s", kolo_rdzv_client_error(D.rdzv));
+}
+
 static void *diag_main(void *arg)
 {
 	(void)arg;
 	uint64_t gen = 1, last_report = 0;
+	bool stalled = false;
 	double threshold_s = (double)kolo_param_int(KOLO_P_DIAG_THRESHOLD_MS) / 1000.0;
 	while (!atomic_load(&D.stop)) {
 		bool asked = wait_request(gen);
@@ -159,8 +172,13 @@ static void *diag_main(void *arg)
 		if (asked) {
 			report(gen++, "request");
 			last_report = now;
-		} else if (threshold_s > 0 && kolo_flight_oldest_open_s() >= threshold_s &&
-		           now - last_report >= DIAG_REPORT_MS * 1000000ull) {
+			continue;
+		}
+		bool was = stalled;
+		stalled = threshold_s > 0 && kolo_flight_oldest_open_s() >= threshold_s;
+		if (stalled && !was)
+			ask_everyone(gen);
+		if (stalled && now - last_report >= DIAG_REPORT_MS * 1000000ull) {
 			report(gen - 1, "stall");
 			last_report = now;
 		}
