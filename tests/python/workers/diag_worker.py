@@ -6,12 +6,14 @@ Every rank reports {"ev": "ready", "rank", "pid"} and then allreduces
 rank 0 says stop (element 0 of the reduced vector). The victim injects its
 fault at step --at and reports {"ev": "fault"} first:
   stop  SIGSTOP of its own process: it holds everyone, answers nothing;
-  skip  it never submits step.<at> and submits step.<at+1> instead.
+  skip  it never submits step.<at> and submits step.<at+1> instead;
+  hang  it blocks before step.<at> (a data loader that never returns).
 control injects nothing and runs for --seconds."""
 
 import argparse
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -25,7 +27,7 @@ N = 1024
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["control", "stop", "skip"], required=True)
+    ap.add_argument("--mode", choices=["control", "stop", "skip", "hang"], required=True)
     ap.add_argument("--victim", type=int, default=2)
     ap.add_argument("--at", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -41,6 +43,8 @@ def main():
             report({"ev": "fault", "rank": rank, "mode": a.mode, "step": step})
             if a.mode == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
+            elif a.mode == "hang":
+                threading.Event().wait(600)
             else:
                 step += 1
         x = np.full(N, float(rank + 1) * (step + 1), dtype=np.float32)
