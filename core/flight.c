@@ -16,6 +16,7 @@
 
 struct fl_entry {
 	uint64_t seq, cseq, bytes;
+	uint64_t number;             /* with name "": the entry is named "<op>.<number>" */
 	uint64_t t[KOLO_FL_NSTATES]; /* kolo_now_ns() on entering each state; 0: not yet */
 	const char *op;
 	int dtype;
@@ -107,17 +108,14 @@ void kolo_flight_reset_members(struct kolo_flight *f, const char *label, int ran
 	pthread_mutex_unlock(&f->lock);
 }
 
-uint64_t kolo_flight_submit(struct kolo_flight *f, const char *name, const char *op, int dtype,
-                            uint64_t bytes)
+/* A new entry in state submitted. f->lock held. */
+static struct fl_entry *entry_new(struct kolo_flight *f, const char *op, int dtype, uint64_t bytes,
+                                  uint64_t now)
 {
-	if (!f)
-		return 0;
-	uint64_t now = kolo_now_ns();
-	pthread_mutex_lock(&f->lock);
 	uint64_t seq = f->next_seq++;
 	struct fl_entry *e = &f->e[seq % KOLO_FLIGHT_ENTRIES];
 	e->seq = seq;
-	e->cseq = 0;
+	e->cseq = e->number = 0;
 	e->bytes = bytes;
 	memset(e->t, 0, sizeof(e->t));
 	e->t[KOLO_FL_SUBMITTED] = now;
@@ -125,12 +123,41 @@ uint64_t kolo_flight_submit(struct kolo_flight *f, const char *name, const char 
 	e->dtype = dtype;
 	e->st = KOLO_OK;
 	e->state = KOLO_FL_SUBMITTED;
+	e->name[0] = e->err[0] = '\0';
+	return e;
+}
+
+uint64_t kolo_flight_submit(struct kolo_flight *f, const char *name, const char *op, int dtype,
+                            uint64_t bytes)
+{
+	if (!f)
+		return 0;
+	uint64_t now = kolo_now_ns();
 	size_t n = strlen(name);
+	pthread_mutex_lock(&f->lock);
+	struct fl_entry *e = entry_new(f, op, dtype, bytes, now);
 	if (n >= sizeof(e->name))
 		n = sizeof(e->name) - 1;
 	memcpy(e->name, name, n);
 	e->name[n] = '\0';
-	e->err[0] = '\0';
+	uint64_t seq = e->seq;
+	pthread_mutex_unlock(&f->lock);
+	return seq;
+}
+
+uint64_t kolo_flight_submit_running(struct kolo_flight *f, const char *op, uint64_t number,
+                                    int dtype, uint64_t bytes)
+{
+	if (!f)
+		return 0;
+	uint64_t now = kolo_now_ns();
+	pthread_mutex_lock(&f->lock);
+	struct fl_entry *e = entry_new(f, op, dtype, bytes, now);
+	e->number = number;
+	e->cseq = f->next_cseq++;
+	e->t[KOLO_FL_NEGOTIATED] = e->t[KOLO_FL_DATAPLANE] = now;
+	e->state = KOLO_FL_DATAPLANE;
+	uint64_t seq = e->seq;
 	pthread_mutex_unlock(&f->lock);
 	return seq;
 }
@@ -213,7 +240,11 @@ static void render_entry(struct kolo_metrics_text *t, const struct fl_entry *e, 
 	kolo_metrics_text_add(t,
 	                      "{\"seq\":%llu,\"cseq\":%llu,\"name\":", (unsigned long long)e->seq,
 	                      (unsigned long long)e->cseq);
-	json_str(t, e->name);
+	if (!e->name[0] && e->number)
+		kolo_metrics_text_add(t, "\"%s.%llu\"", e->op ? e->op : "op",
+		                      (unsigned long long)e->number);
+	else
+		json_str(t, e->name);
 	kolo_metrics_text_add(t, ",\"op\":\"%s\",\"dtype\":\"%s\",\"bytes\":%llu,\"state\":\"%s\"",
 	                      e->op ? e->op : "?",
 	                      e->dtype >= 0 ? kolo_dtype_name((kolo_dtype_t)e->dtype) : "none",

@@ -58,6 +58,11 @@ void kolo_flight_reset_members(struct kolo_flight *f, const char *label, int ran
  * recorder. op is a static string ("allreduce"). */
 uint64_t kolo_flight_submit(struct kolo_flight *f, const char *name, const char *op, int dtype,
                             uint64_t bytes);
+/* A blocking collective that runs at once (no negotiation): one entry
+ * named "<op>.<number>" (the name is formatted only when rendered), already
+ * negotiated and in the data plane. The cheapest record: one lock. */
+uint64_t kolo_flight_submit_running(struct kolo_flight *f, const char *op, uint64_t number,
+                                    int dtype, uint64_t bytes);
 /* Moves entry seq to state (NEGOTIATED gives it the next cseq; DONE and
  * FAILED take st and, for FAILED, the message). An entry that has left the
  * buffer is ignored. */

@@ -60,6 +60,14 @@ START_TEST(states_and_order)
 	free(s);
 	ck_assert(kolo_flight_oldest_open_s() >= 0.0);
 	kolo_flight_mark(f, c, KOLO_FL_DONE, KOLO_OK, NULL);
+	/* A blocking call: named when rendered, negotiated and running at once. */
+	uint64_t d = kolo_flight_submit_running(f, "broadcast", 7, KOLO_UINT8, 3);
+	s = render(0);
+	ck_assert_ptr_nonnull(strstr(s, "\"seq\":4,\"cseq\":3,\"name\":\"broadcast.7\",\"op\":"
+	                                "\"broadcast\",\"dtype\":\"uint8\",\"bytes\":3,"
+	                                "\"state\":\"dataplane\""));
+	free(s);
+	kolo_flight_mark(f, d, KOLO_FL_DONE, KOLO_OK, NULL);
 	ck_assert(kolo_flight_oldest_open_s() == 0.0);
 	kolo_flight_destroy(f);
 }

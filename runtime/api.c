@@ -161,14 +161,9 @@ static uint64_t record_blocking(struct kolo_comm *comm, const struct coll *c)
 {
 	if (!comm->flight)
 		return 0;
-	char name[64];
-	snprintf(name, sizeof(name), "%s.%llu", coll_name[c->kind],
-	         (unsigned long long)++comm->blocking_calls);
-	uint64_t seq =
-	        kolo_flight_submit(comm->flight, name, coll_name[c->kind],
-	                           c->kind == C_BARRIER ? -1 : (int)c->dtype, coll_bytes(comm, c));
-	kolo_flight_mark(comm->flight, seq, KOLO_FL_NEGOTIATED, KOLO_OK, NULL);
-	kolo_flight_mark(comm->flight, seq, KOLO_FL_DATAPLANE, KOLO_OK, NULL);
+	uint64_t seq = kolo_flight_submit_running(
+	        comm->flight, coll_name[c->kind], ++comm->blocking_calls,
+	        c->kind == C_BARRIER ? -1 : (int)c->dtype, coll_bytes(comm, c));
 	kolo_flight_activity(comm->flight, KOLO_FA_BLOCKING);
 	return seq;
 }
