@@ -37,6 +37,12 @@ struct kolo_flight {
 	atomic_int wait_peer;
 	atomic_uint_least64_t wait_since;
 	struct fl_entry e[KOLO_FLIGHT_ENTRIES];
+	/* arrival lags: lag_ms[op * lag_n + r] (-1: took no part), last[op]: the
+	 * rank that arrived last (-1: none); nlag collectives recorded */
+	float *lag_ms;
+	int *last;
+	int lag_n;
+	uint64_t nlag;
 };
 
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -93,6 +99,8 @@ void kolo_flight_destroy(struct kolo_flight *f)
 	pthread_mutex_unlock(&reg_lock);
 	pthread_mutex_destroy(&f->lock);
 	free(f->members);
+	free(f->lag_ms);
+	free(f->last);
 	free(f);
 }
 
@@ -279,6 +287,8 @@ static int snapshot_entries(const struct kolo_flight *f, int max, struct fl_entr
 	return (int)n;
 }
 
+static void render_lags(struct kolo_metrics_text *t, const struct kolo_flight *f);
+
 static void render_comm(struct kolo_metrics_text *t, struct kolo_flight *f, int max,
                         struct fl_entry *v, uint64_t now)
 {
@@ -292,10 +302,12 @@ static void render_comm(struct kolo_metrics_text *t, struct kolo_flight *f, int 
 	int peer = atomic_load_explicit(&f->wait_peer, memory_order_relaxed);
 	if (peer >= 0 && peer < f->size)
 		peer = f->members[peer];
+	kolo_metrics_text_add(t, "]");
+	render_lags(t, f);
 	pthread_mutex_unlock(&f->lock);
 	uint64_t since = atomic_load_explicit(&f->wait_since, memory_order_relaxed);
 	int a = atomic_load_explicit(&f->activity, memory_order_relaxed);
-	kolo_metrics_text_add(t, "],\"activity\":\"%s\",\"waiting_on\":%d,\"waiting_ms\":%.1f",
+	kolo_metrics_text_add(t, ",\"activity\":\"%s\",\"waiting_on\":%d,\"waiting_ms\":%.1f",
 	                      activity_names[a & 3], peer, ms_ago(now, since));
 	kolo_metrics_text_add(t, ",\"entries\":[");
 	for (int i = 0; i < n; i++) {
@@ -368,4 +380,166 @@ kolo_status_t kolo_flight_dump(const struct kolo_flight_identity *id, const char
 		return KOLO_ESYSTEM;
 	}
 	return KOLO_OK;
+}
+
+/* ---- arrival lags ------------------------------------------------------ */
+
+void kolo_flight_lags(struct kolo_flight *f, const uint64_t *arrive, int n)
+{
+	if (!f || !arrive || n <= 0)
+		return;
+	uint64_t first = 0;
+	for (int r = 0; r < n; r++)
+		if (arrive[r] && (!first || arrive[r] < first))
+			first = arrive[r];
+	pthread_mutex_lock(&f->lock);
+	if (f->lag_n != n) { /* a new round, or the first collective */
+		free(f->lag_ms);
+		free(f->last);
+		f->lag_ms = malloc((size_t)n * KOLO_FLIGHT_LAG_WINDOW * sizeof(float));
+		f->last = malloc(KOLO_FLIGHT_LAG_WINDOW * sizeof(int));
+		f->lag_n = f->lag_ms && f->last ? n : 0;
+		f->nlag = 0;
+	}
+	if (f->lag_n == n) {
+		size_t op = f->nlag++ % KOLO_FLIGHT_LAG_WINDOW;
+		float *v = f->lag_ms + op * (size_t)n, worst = 0;
+		int last = -1;
+		for (int r = 0; r < n; r++) {
+			v[r] = arrive[r] ? (float)((double)(arrive[r] - first) / 1e6) : -1.0f;
+			if (v[r] > worst && v[r] >= KOLO_FLIGHT_LAST_MIN_MS) {
+				worst = v[r];
+				last = r;
+			}
+		}
+		f->last[op] = last;
+	}
+	pthread_mutex_unlock(&f->lock);
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return (x > y) - (x < y);
+}
+
+/* Rank r's lags over the window into out (scratch of the window's size).
+ * f->lock held. */
+static void lag_of(const struct kolo_flight *f, int r, float *tmp, struct kolo_flight_lag *out)
+{
+	int ops = (int)(f->nlag < KOLO_FLIGHT_LAG_WINDOW ? f->nlag : KOLO_FLIGHT_LAG_WINDOW), k = 0;
+	*out = (struct kolo_flight_lag){.rank = r < f->size ? f->members[r] : r, .ops = ops};
+	for (int op = 0; op < ops; op++) {
+		float v = f->lag_ms[(size_t)op * (size_t)f->lag_n + (size_t)r];
+		if (v >= 0)
+			tmp[k++] = v;
+		out->last += f->last[op] == r;
+	}
+	if (!k)
+		return;
+	qsort(tmp, (size_t)k, sizeof(*tmp), cmp_float);
+	out->p50_ms = tmp[k / 2];
+	out->p90_ms = tmp[(k * 9) / 10 < k ? (k * 9) / 10 : k - 1];
+	out->max_ms = tmp[k - 1];
+}
+
+bool kolo_flight_slowest(const char *label, struct kolo_flight_lag *out)
+{
+	float tmp[KOLO_FLIGHT_LAG_WINDOW];
+	bool found = false;
+	pthread_mutex_lock(&reg_lock);
+	for (struct kolo_flight *f = reg_head; f && !found; f = f->next) {
+		pthread_mutex_lock(&f->lock);
+		if (strcmp(f->label, label ? label : "job") == 0 && f->nlag) {
+			int best = 0;
+			struct kolo_flight_lag l;
+			for (int r = 0; r < f->lag_n; r++) {
+				lag_of(f, r, tmp, &l);
+				if (!found || l.last > best) {
+					*out = l;
+					best = l.last;
+					found = true;
+				}
+			}
+			found = found && best > 0;
+		}
+		pthread_mutex_unlock(&f->lock);
+	}
+	pthread_mutex_unlock(&reg_lock);
+	return found;
+}
+
+/* One family's samples (ratio: kolo_arrival_last_ratio, else the lags) of
+ * comm f. f->lock held. */
+static void metrics_comm(struct kolo_metrics_text *t, struct kolo_flight *f, float *tmp, bool ratio)
+{
+	static const char *const q[] = {"0.5", "0.9", "1"};
+	char labels[256], rank[16], val[32];
+	for (int r = 0; r < f->lag_n; r++) {
+		struct kolo_flight_lag l;
+		lag_of(f, r, tmp, &l);
+		double v[] = {l.p50_ms, l.p90_ms, l.max_ms};
+		snprintf(rank, sizeof(rank), "%d", l.rank);
+		for (int i = 0; i < 3 && !ratio; i++) {
+			if (!kolo_metrics_labels(labels, sizeof(labels), "comm", f->label, "rank",
+			                         rank, "quantile", q[i], NULL))
+				continue;
+			kolo_metrics_text_add(
+			        t, "kolo_arrival_lag_seconds{%s} %s\n", labels,
+			        kolo_metrics_fixed(val, sizeof(val), (uint64_t)(v[i] * 1000.0), 6));
+		}
+		if (ratio && kolo_metrics_labels(labels, sizeof(labels), "comm", f->label, "rank",
+		                                 rank, NULL))
+			kolo_metrics_text_add(
+			        t, "kolo_arrival_last_ratio{%s} %s\n", labels,
+			        kolo_metrics_fixed(
+			                val, sizeof(val),
+			                l.ops ? (uint64_t)l.last * 1000000u / (uint64_t)l.ops : 0,
+			                6));
+	}
+}
+
+void kolo_flight_metrics(struct kolo_metrics_text *t)
+{
+	static const char *const names[] = {"kolo_arrival_lag_seconds", "kolo_arrival_last_ratio"};
+	static const char *const help[] = {
+	        "How long after the first rank each rank's submission of a negotiated collective "
+	        "arrived, over the last 256 collectives",
+	        "Share of the last 256 negotiated collectives that this rank submitted last (by "
+	        "0.5 ms or more)"};
+	float tmp[KOLO_FLIGHT_LAG_WINDOW];
+	for (int k = 0; k < 2; k++) {
+		kolo_metrics_text_family(t, names[k], "gauge", help[k]);
+		pthread_mutex_lock(&reg_lock);
+		for (struct kolo_flight *f = reg_head; f; f = f->next) {
+			pthread_mutex_lock(&f->lock);
+			if (f->nlag)
+				metrics_comm(t, f, tmp, k == 1);
+			pthread_mutex_unlock(&f->lock);
+		}
+		pthread_mutex_unlock(&reg_lock);
+	}
+}
+
+/* ,"lag":{"ops":k,"p50_ms":[...],"p90_ms":[...],"max_ms":[...],"last":[...]},
+ * by comm rank, when the comm has negotiated collectives. f->lock held. */
+static void render_lags(struct kolo_metrics_text *t, const struct kolo_flight *f)
+{
+	if (!f->nlag)
+		return;
+	float tmp[KOLO_FLIGHT_LAG_WINDOW];
+	struct kolo_flight_lag l = {0};
+	static const char *const keys[] = {"p50_ms", "p90_ms", "max_ms", "last"};
+	kolo_metrics_text_add(
+	        t, ",\"lag\":{\"ops\":%d",
+	        (int)(f->nlag < KOLO_FLIGHT_LAG_WINDOW ? f->nlag : KOLO_FLIGHT_LAG_WINDOW));
+	for (int k = 0; k < 4; k++) {
+		kolo_metrics_text_add(t, "%s\"%s\":[", k ? "]," : ",", keys[k]);
+		for (int r = 0; r < f->lag_n; r++) {
+			lag_of(f, r, tmp, &l);
+			double v[] = {l.p50_ms, l.p90_ms, l.max_ms, l.last};
+			kolo_metrics_text_add(t, k == 3 ? "%s%.0f" : "%s%.3f", r ? "," : "", v[k]);
+		}
+	}
+	kolo_metrics_text_add(t, "]}");
 }

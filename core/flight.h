@@ -73,6 +73,32 @@ void kolo_flight_activity(struct kolo_flight *f, enum kolo_flight_activity a);
  * comm, shown as its job rank; -1: not known), or, with blocked false, is no longer blocked. */
 void kolo_flight_waiting(struct kolo_flight *f, bool blocked, int peer);
 
+/* ---- arrival lags (stragglers) ------------------------------------------
+ * For every negotiated collective, when each rank's submission was seen:
+ * a rank's lag is how long after the first rank's its submission arrived,
+ * i.e. how long the others waited for it. The recorder keeps the last
+ * KOLO_FLIGHT_LAG_WINDOW collectives' lags per rank, and which rank arrived
+ * last (by at least KOLO_FLIGHT_LAST_MIN_MS; none otherwise). */
+#define KOLO_FLIGHT_LAG_WINDOW  256
+#define KOLO_FLIGHT_LAST_MIN_MS 0.5
+/* arrive[r]: kolo_now_ns() of the cycle that first saw rank r's submission,
+ * 0 for a rank that took no part (joined); n ranks (the comm's size). */
+void kolo_flight_lags(struct kolo_flight *f, const uint64_t *arrive, int n);
+struct kolo_flight_lag {
+	int rank; /* a job rank */
+	int ops;  /* collectives in the window */
+	int last; /* of them, those where this rank arrived last */
+	double p50_ms, p90_ms, max_ms;
+};
+/* The rank of comm label (NULL: the job's comm, "job") that arrived last most
+ * often in the window, with its lags; false when there is no such comm or
+ * no collective arrived with a lag. */
+bool kolo_flight_slowest(const char *label, struct kolo_flight_lag *out);
+struct kolo_metrics_text;
+/* The lags as Prometheus gauges (kolo_arrival_lag_seconds by quantile,
+ * kolo_arrival_last_ratio), per comm and rank. */
+void kolo_flight_metrics(struct kolo_metrics_text *t);
+
 /* Seconds since the oldest open entry of any recorder of the process was
  * submitted, or 0 when none is open. */
 double kolo_flight_oldest_open_s(void);

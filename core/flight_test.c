@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "flight.h"
+#include "metrics.h"
 #include "testutil.h"
 
 static const struct kolo_flight_identity ID = {
@@ -132,6 +133,42 @@ START_TEST(dump_file)
 }
 END_TEST
 
+/* Arrival lags: rank 1 (job rank 7) arrives 2 ms after the first in every
+ * collective, rank 0 in time, and one collective has no late rank. */
+START_TEST(arrival_lags)
+{
+	struct kolo_flight *f = kolo_flight_create("set 1", 0, 2, (const int[]){5, 7});
+	struct kolo_flight_lag l;
+	ck_assert(!kolo_flight_slowest("set 1", &l));
+	for (int i = 0; i < 40; i++)
+		kolo_flight_lags(f, (const uint64_t[]){1000000000ull, 1002000000ull}, 2);
+	kolo_flight_lags(f, (const uint64_t[]){1000000000ull, 1000000000ull}, 2);
+	ck_assert(kolo_flight_slowest("set 1", &l));
+	ck_assert_int_eq(l.rank, 7);
+	ck_assert_int_eq(l.ops, 41);
+	ck_assert_int_eq(l.last, 40);
+	ck_assert_double_eq_tol(l.p50_ms, 2.0, 1e-3);
+	ck_assert_double_eq_tol(l.max_ms, 2.0, 1e-3);
+	ck_assert(!kolo_flight_slowest("job", &l) || l.rank != 7);
+	struct kolo_metrics_text t = {0};
+	kolo_flight_metrics(&t);
+	ck_assert_ptr_nonnull(t.b);
+	ck_assert_ptr_nonnull(
+	        strstr(t.b, "kolo_arrival_lag_seconds{comm=\"set 1\",rank=\"7\",quantile=\"0.5\"} "
+	                    "0.002\n"));
+	ck_assert_ptr_nonnull(strstr(
+	        t.b, "kolo_arrival_lag_seconds{comm=\"set 1\",rank=\"5\",quantile=\"1\"} 0\n"));
+	ck_assert_ptr_nonnull(
+	        strstr(t.b, "kolo_arrival_last_ratio{comm=\"set 1\",rank=\"7\"} 0.97"));
+	free(t.b);
+	char *s = render(1);
+	ck_assert_ptr_nonnull(strstr(s, "\"lag\":{\"ops\":41,\"p50_ms\":[0.000,2.000],"));
+	ck_assert_ptr_nonnull(strstr(s, "\"last\":[0,40]}"));
+	free(s);
+	kolo_flight_destroy(f);
+}
+END_TEST
+
 static Suite *flight_suite(void)
 {
 	Suite *s = suite_create("flight");
@@ -139,6 +176,7 @@ static Suite *flight_suite(void)
 	tcase_add_test(tc, states_and_order);
 	tcase_add_test(tc, wraps_and_bounds);
 	tcase_add_test(tc, dump_file);
+	tcase_add_test(tc, arrival_lags);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "flight.h"
 
 #define N_STATUS                       (0 KOLO_STATUS_MAP(STATUS_ONE_))
 #define STATUS_ONE_(name, value, text) +1
@@ -464,6 +465,7 @@ kolo_status_t kolo_metrics_render(char **out, size_t *len)
 	render_collectives(&t);
 	render_fusion(&t);
 	render_elastic(&t);
+	kolo_flight_metrics(&t);
 	if (t.oom || !t.b) {
 		free(t.b);
 		return KOLO_ENOMEM;

@@ -104,6 +104,10 @@ static void claim_local(struct fusion_negotiator *n, struct fusion_response *res
 	if (l && (l->state == FUSION_LOCAL_ANNOUNCED || l->state == FUSION_LOCAL_CACHED)) {
 		resp->local = true;
 		resp->local_id = l->id;
+		uint64_t us =
+		        n->decide_ns > l->submit_ns ? (n->decide_ns - l->submit_ns) / 1000u : 0;
+		us = KOLO_MAX(KOLO_MIN(us, (uint64_t)FUSION_BLOCK_AGE_MAX), 1u);
+		n->wait_us = KOLO_MAX(n->wait_us, (uint32_t)us);
 		fusion_local_remove(n, l);
 	}
 }
@@ -380,6 +384,30 @@ static kolo_status_t remember(struct fusion_negotiator *n, struct fusion_cycle *
 	return KOLO_OK;
 }
 
+/* From the waits in the blocks (the previous cycle's decisions): a rank
+ * that waited w_r while the longest wait was w arrived w - w_r after the
+ * first; as times whose differences are those lags, 0 for a rank without
+ * a wait. NULL when no rank waited, or out of memory (the lags are then
+ * not recorded, nothing else changes). */
+static uint64_t *arrivals(const struct fusion_negotiator *n, const uint8_t *blocks)
+{
+	size_t bsz = fusion_negotiator_block_size(n);
+	uint64_t most = 0;
+	for (int r = 0; r < n->size; r++) {
+		uint32_t flags;
+		memcpy(&flags, blocks + (size_t)r * bsz, 4);
+		most = KOLO_MAX(most, (uint64_t)(flags >> FUSION_BLOCK_AGE_SHIFT));
+	}
+	uint64_t *a = most ? malloc((size_t)n->size * sizeof(*a)) : NULL;
+	for (int r = 0; a && r < n->size; r++) {
+		uint32_t flags;
+		memcpy(&flags, blocks + (size_t)r * bsz, 4);
+		uint64_t wr = flags >> FUSION_BLOCK_AGE_SHIFT;
+		a[r] = wr ? 1000000000ull + (most - wr) * 1000u : 0;
+	}
+	return a;
+}
+
 kolo_status_t fusion_negotiator_decide(struct fusion_negotiator *n, const uint8_t *blocks,
                                        const uint8_t *const *msgs, const size_t *msg_lens,
                                        uint64_t now_ns, struct fusion_cycle *out)
@@ -389,6 +417,9 @@ kolo_status_t fusion_negotiator_decide(struct fusion_negotiator *n, const uint8_
 	size_t bsz = fusion_negotiator_block_size(n);
 	kolo_status_t st = KOLO_OK;
 	n->cycle++;
+	out->arrive = arrivals(n, blocks);
+	n->decide_ns = now_ns;
+	n->wait_us = 0;
 	memset(n->evicted, 0, (size_t)n->capacity * sizeof(bool));
 
 	for (int r = 0; r < n->size; r++) {

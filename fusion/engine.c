@@ -249,6 +249,7 @@ static kolo_status_t run_cycle(struct kolo_engine *e, bool shutdown, bool *stop,
 	}
 	e->cycles++;
 	kolo_metrics_fusion_cycle(c.cache_hits);
+	kolo_flight_lags(e->cfg.flight, c.arrive, e->size);
 	e->others_pending = c.pending;
 	fusion_engine_tl_cycle(e, &c);
 	if (c.has_params) {

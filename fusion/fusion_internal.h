@@ -98,6 +98,11 @@ struct fusion_cycle {
 	double cycle_time_ms;
 	uint64_t evictions;  /* cache entries evicted this cycle */
 	uint64_t cache_hits; /* responses served from the cache this cycle */
+	/* The previous cycle's decisions, by rank: how late each rank's
+	 * submission arrived, as times whose differences are the lags (ns; 0:
+	 * the rank had none of them); size entries, NULL when the previous
+	 * cycle decided nothing. The flight recorder's stragglers. */
+	uint64_t *arrive;
 };
 void fusion_cycle_fini(struct fusion_cycle *c);
 
@@ -281,9 +286,14 @@ void fusion_record_put_fail(struct fusion_wbuf *w, kolo_status_t st, const char 
                             const char *why);
 
 /* The control block every rank sends each cycle: flags u32, the length of
- * its message u32, then one bit per response-cache slot it has pending. */
+ * its message u32, then one bit per response-cache slot it has pending.
+ * The flags' top 24 bits hold the rank's longest negotiation wait, in µs
+ * (saturated), for the operations the previous cycle decided (0: none): the
+ * ranks that waited least arrived last (the straggler figures). */
 #define FUSION_BLOCK_HDR 8
 enum { FUSION_BLOCK_SHUTDOWN = 1 };
+#define FUSION_BLOCK_AGE_SHIFT 8
+#define FUSION_BLOCK_AGE_MAX   0xffffffu
 
 /* ---- negotiator state (negotiate.c, decide.c, cache.c, stall.c) --------- */
 
@@ -297,7 +307,8 @@ struct fusion_local_op {
 	struct fusion_params p;
 	uint64_t id;
 	enum fusion_local_state state;
-	int slot; /* FUSION_LOCAL_CACHED: the cache slot */
+	int slot;           /* FUSION_LOCAL_CACHED: the cache slot */
+	uint64_t submit_ns; /* when it was handed to the negotiator */
 };
 
 /* An announced name: which ranks have announced it, and with what. */
@@ -329,6 +340,10 @@ struct fusion_pending_fail {
 struct fusion_negotiator {
 	int rank, size, capacity;
 	uint64_t cycle;
+	/* This rank's longest negotiation wait (submission to decision, µs) of
+	 * the operations the last decide gave it; sent in the next block. */
+	uint64_t decide_ns;
+	uint32_t wait_us;
 	struct fusion_local_op *loc;
 	size_t nloc, caploc;
 	struct fusion_table_entry *tab;

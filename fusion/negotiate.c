@@ -84,6 +84,7 @@ kolo_status_t fusion_negotiator_submit(struct fusion_negotiator *n, const char *
 		return KOLO_ENOMEM;
 	}
 	l->id = id;
+	l->submit_ns = kolo_now_ns();
 	l->state = FUSION_LOCAL_NEW;
 	l->slot = -1;
 	n->nloc++;
@@ -204,6 +205,7 @@ kolo_status_t fusion_negotiator_encode(struct fusion_negotiator *n, bool shutdow
 	}
 	n->nfails = 0;
 	uint32_t flags = shutdown ? FUSION_BLOCK_SHUTDOWN : 0, len = (uint32_t)w.len;
+	flags |= n->wait_us << FUSION_BLOCK_AGE_SHIFT;
 	memcpy(block, &flags, 4);
 	memcpy(block + 4, &len, 4);
 	*msg = w.b;

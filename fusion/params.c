@@ -83,6 +83,7 @@ void fusion_cycle_fini(struct fusion_cycle *c)
 	for (size_t i = 0; i < c->nticks; i++)
 		free((char *)c->ticks[i].name);
 	free(c->ticks);
+	free(c->arrive);
 	memset(c, 0, sizeof(*c));
 }
 

@@ -154,10 +154,29 @@ static void ask_everyone(uint64_t gen)
 		KOLO_DEBUG(SUBSYS, "request to the rendezvous: %s", kolo_rdzv_client_error(D.rdzv));
 }
 
+/* Rank 0, every KOLO_STRAGGLER_LOG_S: one line when one rank of the job's
+ * comm submitted last in at least half of the window's collectives. */
+static void log_straggler(uint64_t now, uint64_t *next)
+{
+	int64_t every = kolo_param_int(KOLO_P_STRAGGLER_LOG_S);
+	pthread_mutex_lock(&D.lock);
+	bool mine = D.rank == 0;
+	pthread_mutex_unlock(&D.lock);
+	if (every <= 0 || !mine || now < *next)
+		return;
+	*next = now + (uint64_t)every * 1000000000ull;
+	struct kolo_flight_lag l;
+	if (kolo_flight_slowest(NULL, &l) && l.ops >= 32 && 2 * l.last >= l.ops && l.p50_ms >= 1.0)
+		KOLO_WARN(SUBSYS,
+		          "straggler: rank %d submitted last in %d of the last %d collectives, "
+		          "%.1f ms after the first on median (p90 %.1f ms, max %.1f ms)",
+		          l.rank, l.last, l.ops, l.p50_ms, l.p90_ms, l.max_ms);
+}
+
 static void *diag_main(void *arg)
 {
 	(void)arg;
-	uint64_t gen = 1, last_report = 0;
+	uint64_t gen = 1, last_report = 0, next_log = 0;
 	bool stalled = false;
 	double threshold_s = (double)kolo_param_int(KOLO_P_DIAG_THRESHOLD_MS) / 1000.0;
 	while (!atomic_load(&D.stop)) {
@@ -166,9 +185,10 @@ static void *diag_main(void *arg)
 		ssize_t n = read(D.pipe[0], b, sizeof(b));
 		if (n > 0 && memchr(b, 1, (size_t)n)) /* 1: SIGUSR1; 0: the stop's wake-up */
 			dump_file("SIGUSR1");
+		uint64_t now = kolo_now_ns();
+		log_straggler(now, &next_log);
 		if (!D.rdzv || atomic_load(&D.stop))
 			continue;
-		uint64_t now = kolo_now_ns();
 		if (asked) {
 			report(gen++, "request");
 			last_report = now;

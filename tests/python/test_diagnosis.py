@@ -49,6 +49,22 @@ def test_names_the_culprit_while_it_hangs(server, mode, kind):
         job.kill()
 
 
+def test_straggler_is_logged(server):
+    """Rank 2 computes 20 ms longer before every step: rank 0 logs it as the
+    straggler (KOLO_STRAGGLER_LOG_S=1), and names no other rank."""
+    job = Job(server, "diag-slow", ["--mode", "slow", "--victim", 2, "--seconds", 5], NP,
+              60000, env={"KOLO_STRAGGLER_LOG_S": 1, "KOLO_LOG_LEVEL": "warn"})
+    try:
+        assert job.p.wait(timeout=120) == 0, "".join(job.lines[-40:])
+        lines = [x for x in job.lines if "straggler: rank" in x]
+        assert lines, "no straggler line:\n" + "".join(job.lines[-40:])
+        assert all("straggler: rank 2 submitted last" in x for x in lines), lines
+        assert all(x.startswith("[0]") for x in lines), lines
+        print(lines[-1].strip())
+    finally:
+        job.kill()
+
+
 def test_no_blame_without_a_fault(server):
     job = Job(server, "diag-control", ["--mode", "control", "--seconds", 5], NP,
               int(THRESHOLD_S * 1000))

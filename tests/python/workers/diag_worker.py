@@ -7,7 +7,9 @@ rank 0 says stop (element 0 of the reduced vector). The victim injects its
 fault at step --at and reports {"ev": "fault"} first:
   stop  SIGSTOP of its own process: it holds everyone, answers nothing;
   skip  it never submits step.<at> and submits step.<at+1> instead;
-  hang  it blocks before step.<at> (a data loader that never returns).
+  hang  it blocks before step.<at> (a data loader that never returns);
+  slow  a straggler: it computes --delay-ms longer than the others before
+        every step, from the start, and the job runs for --seconds.
 control injects nothing and runs for --seconds."""
 
 import argparse
@@ -27,10 +29,11 @@ N = 1024
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["control", "stop", "skip", "hang"], required=True)
+    ap.add_argument("--mode", choices=["control", "stop", "skip", "hang", "slow"], required=True)
     ap.add_argument("--victim", type=int, default=2)
     ap.add_argument("--at", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--delay-ms", type=float, default=20.0)
     a = ap.parse_args()
     kolo.init()
     rank, size = kolo.rank(), kolo.size()
@@ -38,7 +41,9 @@ def main():
     start = time.monotonic()
     step = 0
     while True:
-        fault = a.mode != "control" and rank == a.victim and step == a.at
+        if a.mode == "slow" and rank == a.victim:
+            time.sleep(a.delay_ms / 1000)  # the straggler's longer compute
+        fault = a.mode not in ("control", "slow") and rank == a.victim and step == a.at
         if fault:
             report({"ev": "fault", "rank": rank, "mode": a.mode, "step": step})
             if a.mode == "stop":
