@@ -105,16 +105,19 @@ def check_docs(root):
               "docs/kubernetes.md metrics differ from rendezvous/server_metrics.c: "
               "undocumented %s, not exported %s"
               % (sorted(exported - documented), sorted(documented - exported)))
+    # The worker's families: core/metrics.c, and the flight recorder's arrival lags.
     doc = os.path.join(root, "docs", "metrics.md")
-    src = os.path.join(root, "core", "metrics.c")
-    if os.path.exists(doc) and os.path.exists(src):
+    srcs = [os.path.join(root, "core", n) for n in ("metrics.c", "flight.c")]
+    if os.path.exists(doc) and all(os.path.exists(s) for s in srcs):
         with open(doc, encoding="utf-8") as f:
             documented = set(re.findall(r"^\| `(kolo_[a-z0-9_]+)` \|", f.read(), re.M))
-        with open(src, encoding="utf-8") as f:
-            exported = set(re.findall(r'"(kolo_[a-z0-9_]+)"', f.read()))
+        exported = set()
+        for src in srcs:
+            with open(src, encoding="utf-8") as f:
+                exported |= set(re.findall(r'"(kolo_[a-z0-9_]+)"', f.read()))
         check(documented == exported,
-              "docs/metrics.md differs from core/metrics.c: undocumented %s, not exported %s"
-              % (sorted(exported - documented), sorted(documented - exported)))
+              "docs/metrics.md differs from core/metrics.c and core/flight.c: undocumented %s, "
+              "not exported %s" % (sorted(exported - documented), sorted(documented - exported)))
 
 
 def project_version(root):
