@@ -171,6 +171,54 @@ static void members_join(const struct rdzv_job *j, struct reports *rs, struct rd
 	}
 }
 
+/* The stragglers of the job's comm, from the "lag" block of the lowest rank's
+ * report of this round (every rank computes the same figures): the ranks
+ * that submitted last in at least half of the window's collectives, by 1 ms
+ * or more on median, as [{"rank","last","ops","p50_ms","p90_ms","max_ms"}]. */
+static json_t *stragglers(const struct rdzv_job *j)
+{
+	json_t *out = json_array(), *best = NULL;
+	int64_t best_rank = INT64_MAX;
+	KOLO_STRMAP_FOREACH(&j->kv, e)
+	{
+		int64_t r = key_number(e->key, RDZV_DIAG_REPORT_PREFIX);
+		if (r < 0 || r >= best_rank)
+			continue;
+		const struct rdzv_kv_val *v = e->val;
+		json_t *o = json_loadb(v->data, v->len, 0, NULL);
+		if (json_integer_value(json_object_get(o, "round")) != j->round) {
+			json_decref(o);
+			continue;
+		}
+		json_decref(best);
+		best = o;
+		best_rank = r;
+	}
+	size_t i;
+	json_t *c, *lag = NULL;
+	json_array_foreach(json_object_get(best, "comms"), i, c)
+	{
+		if (json_is_string(json_object_get(c, "label")) &&
+		    strcmp(json_string_value(json_object_get(c, "label")), "job") == 0)
+			lag = json_object_get(c, "lag");
+	}
+	json_int_t ops = json_integer_value(json_object_get(lag, "ops"));
+	json_t *last = json_object_get(lag, "last"), *p50 = json_object_get(lag, "p50_ms");
+	json_t *p90 = json_object_get(lag, "p90_ms"), *mx = json_object_get(lag, "max_ms");
+	for (size_t r = 0; out && ops > 0 && r < json_array_size(last); r++) {
+		json_int_t k = (json_int_t)json_number_value(json_array_get(last, r));
+		double med = json_number_value(json_array_get(p50, r));
+		if (2 * k >= ops && med >= 1.0)
+			json_array_append_new(
+			        out, json_pack("{s:I,s:I,s:I,s:f,s:f,s:f}", "rank", (json_int_t)r,
+			                       "last", k, "ops", ops, "p50_ms", med, "p90_ms",
+			                       json_number_value(json_array_get(p90, r)), "max_ms",
+			                       json_number_value(json_array_get(mx, r))));
+	}
+	json_decref(best);
+	return out;
+}
+
 static struct rdzv_reply diag_get(struct kolo_rdzv_server *s, struct rdzv_job *j,
                                   const struct rdzv_call *c, uint64_t now)
 {
@@ -200,6 +248,8 @@ static struct rdzv_reply diag_get(struct kolo_rdzv_server *s, struct rdzv_job *j
 	        .n = n,
 	};
 	doc = rdzv_diag_classify(&in);
+	if (doc)
+		json_object_set_new(doc, "stragglers", stragglers(j));
 out:
 	free(notes);
 	free(m);

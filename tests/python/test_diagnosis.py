@@ -9,6 +9,7 @@ every 200 ms, must never blame anybody. docs/diagnosis.md."""
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -50,11 +51,26 @@ def test_names_the_culprit_while_it_hangs(server, mode, kind):
 
 
 def test_straggler_is_logged(server):
-    """Rank 2 computes 20 ms longer before every step: rank 0 logs it as the
-    straggler (KOLO_STRAGGLER_LOG_S=1), and names no other rank."""
+    """Rank 2 computes 20 ms longer before every step: the diagnosis lists it
+    as the straggler while the job runs, rank 0 logs it
+    (KOLO_STRAGGLER_LOG_S=1), and neither names another rank."""
     job = Job(server, "diag-slow", ["--mode", "slow", "--victim", 2, "--seconds", 5], NP,
               60000, env={"KOLO_STRAGGLER_LOG_S": 1, "KOLO_LOG_LEVEL": "warn"})
     try:
+        for _ in range(NP):
+            job.wait_event("ready")
+        listed = []
+        while job.p.poll() is None and not listed:
+            try:
+                n = server.call("/v1/jobs/diag-slow/diagnosis", "POST")["request"]
+                d = server.call(f"/v1/jobs/diag-slow/diagnosis?request={n}")
+            except OSError:
+                continue
+            listed = d.get("stragglers", [])
+            assert not d["culprits"], d["culprits"]
+            time.sleep(0.2)  # the request rate, as in a control run
+        assert [s["rank"] for s in listed] == [2], listed
+        assert listed[0]["p50_ms"] >= 10, listed
         assert job.p.wait(timeout=120) == 0, "".join(job.lines[-40:])
         lines = [x for x in job.lines if "straggler: rank" in x]
         assert lines, "no straggler line:\n" + "".join(job.lines[-40:])

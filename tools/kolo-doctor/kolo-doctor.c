@@ -162,6 +162,17 @@ static void print_words(const json_t *doc)
 	size_t i;
 	const json_t *c;
 	json_array_foreach(json_object_get(doc, "culprits"), i, c) print_culprit(c);
+	json_array_foreach(json_object_get(doc, "stragglers"), i, c)
+	{
+		printf("  straggler: rank %lld submitted last in %lld of the last %lld "
+		       "collectives, "
+		       "%.1f ms after the first on median (p90 %.1f ms)\n",
+		       (long long)json_integer_value(json_object_get(c, "rank")),
+		       (long long)json_integer_value(json_object_get(c, "last")),
+		       (long long)json_integer_value(json_object_get(c, "ops")),
+		       json_number_value(json_object_get(c, "p50_ms")),
+		       json_number_value(json_object_get(c, "p90_ms")));
+	}
 	print_ranks(json_object_get(doc, "ranks"));
 }
 
