@@ -423,11 +423,17 @@ static int cmp_float(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* Collectives in the window. f->lock held. */
+static int lag_ops(const struct kolo_flight *f)
+{
+	return (int)KOLO_MIN(f->nlag, (uint64_t)KOLO_FLIGHT_LAG_WINDOW);
+}
+
 /* Rank r's lags over the window into out (scratch of the window's size).
  * f->lock held. */
 static void lag_of(const struct kolo_flight *f, int r, float *tmp, struct kolo_flight_lag *out)
 {
-	int ops = (int)(f->nlag < KOLO_FLIGHT_LAG_WINDOW ? f->nlag : KOLO_FLIGHT_LAG_WINDOW), k = 0;
+	int ops = lag_ops(f), k = 0;
 	*out = (struct kolo_flight_lag){.rank = r < f->size ? f->members[r] : r, .ops = ops};
 	for (int op = 0; op < ops; op++) {
 		float v = f->lag_ms[(size_t)op * (size_t)f->lag_n + (size_t)r];
@@ -450,18 +456,15 @@ bool kolo_flight_slowest(const char *label, struct kolo_flight_lag *out)
 	pthread_mutex_lock(&reg_lock);
 	for (struct kolo_flight *f = reg_head; f && !found; f = f->next) {
 		pthread_mutex_lock(&f->lock);
-		if (strcmp(f->label, label ? label : "job") == 0 && f->nlag) {
-			int best = 0;
+		if (strcmp(f->label, label ? label : "job") == 0) {
 			struct kolo_flight_lag l;
 			for (int r = 0; r < f->lag_n; r++) {
 				lag_of(f, r, tmp, &l);
-				if (!found || l.last > best) {
+				if (l.last > (found ? out->last : 0)) {
 					*out = l;
-					best = l.last;
 					found = true;
 				}
 			}
-			found = found && best > 0;
 		}
 		pthread_mutex_unlock(&f->lock);
 	}
@@ -528,18 +531,20 @@ static void render_lags(struct kolo_metrics_text *t, const struct kolo_flight *f
 	if (!f->nlag)
 		return;
 	float tmp[KOLO_FLIGHT_LAG_WINDOW];
-	struct kolo_flight_lag l = {0};
+	struct kolo_flight_lag *l = malloc((size_t)f->lag_n * sizeof(*l));
+	if (!l)
+		return;
+	for (int r = 0; r < f->lag_n; r++) /* each rank's figures once, for four lists */
+		lag_of(f, r, tmp, &l[r]);
 	static const char *const keys[] = {"p50_ms", "p90_ms", "max_ms", "last"};
-	kolo_metrics_text_add(
-	        t, ",\"lag\":{\"ops\":%d",
-	        (int)(f->nlag < KOLO_FLIGHT_LAG_WINDOW ? f->nlag : KOLO_FLIGHT_LAG_WINDOW));
+	kolo_metrics_text_add(t, ",\"lag\":{\"ops\":%d", lag_ops(f));
 	for (int k = 0; k < 4; k++) {
 		kolo_metrics_text_add(t, "%s\"%s\":[", k ? "]," : ",", keys[k]);
 		for (int r = 0; r < f->lag_n; r++) {
-			lag_of(f, r, tmp, &l);
-			double v[] = {l.p50_ms, l.p90_ms, l.max_ms, l.last};
+			double v[] = {l[r].p50_ms, l[r].p90_ms, l[r].max_ms, l[r].last};
 			kolo_metrics_text_add(t, k == 3 ? "%s%.0f" : "%s%.3f", r ? "," : "", v[k]);
 		}
 	}
 	kolo_metrics_text_add(t, "]}");
+	free(l);
 }

@@ -175,25 +175,18 @@ static void members_join(const struct rdzv_job *j, struct reports *rs, struct rd
  * report of this round (every rank computes the same figures): the ranks
  * that submitted last in at least half of the window's collectives, by 1 ms
  * or more on median, as [{"rank","last","ops","p50_ms","p90_ms","max_ms"}]. */
-static json_t *stragglers(const struct rdzv_job *j)
+static json_t *stragglers(const struct rdzv_job *j, const struct reports *rs)
 {
 	json_t *out = json_array(), *best = NULL;
 	int64_t best_rank = INT64_MAX;
-	KOLO_STRMAP_FOREACH(&j->kv, e)
-	{
-		int64_t r = key_number(e->key, RDZV_DIAG_REPORT_PREFIX);
-		if (r < 0 || r >= best_rank)
-			continue;
-		const struct rdzv_kv_val *v = e->val;
-		json_t *o = json_loadb(v->data, v->len, 0, NULL);
-		if (json_integer_value(json_object_get(o, "round")) != j->round) {
-			json_decref(o);
-			continue;
-		}
-		json_decref(best);
-		best = o;
-		best_rank = r;
-	}
+	for (int i = 0; i < rs->n; i++) /* parsed already: only the chosen one again */
+		if (rs->v[i].rank >= 0 && rs->v[i].round == j->round && rs->key_rank[i] < best_rank)
+			best_rank = rs->key_rank[i];
+	char key[64];
+	snprintf(key, sizeof(key), RDZV_DIAG_REPORT_PREFIX "%" PRId64, best_rank);
+	const struct rdzv_kv_val *v = best_rank < INT64_MAX ? kolo_strmap_get(&j->kv, key) : NULL;
+	if (v)
+		best = json_loadb(v->data, v->len, 0, NULL);
 	size_t i;
 	json_t *c, *lag = NULL;
 	json_array_foreach(json_object_get(best, "comms"), i, c)
@@ -249,7 +242,7 @@ static struct rdzv_reply diag_get(struct kolo_rdzv_server *s, struct rdzv_job *j
 	};
 	doc = rdzv_diag_classify(&in);
 	if (doc)
-		json_object_set_new(doc, "stragglers", stragglers(j));
+		json_object_set_new(doc, "stragglers", stragglers(j, &rs));
 out:
 	free(notes);
 	free(m);

@@ -114,11 +114,15 @@ def diagnose_until(server, job, want, since, limit_s):
         time.sleep(0.05)  # the poll's pace; the server answers at once
 
 
-def control_run(server, name, job):
+def control_run(server, name, job, limit_s=120):
     """Job `name` (a Job) without a fault, asked for a diagnosis every 200 ms
-    while it runs: returns (answers, the answers that blamed somebody)."""
+    while it runs: returns (answers, the answers that blamed somebody).
+    Raises AssertionError when the job still runs after limit_s."""
     answers, blamed = 0, []
+    deadline = time.monotonic() + limit_s
     while job.p.poll() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {name} still runs after {limit_s} s")
         try:
             n = server.call(f"/v1/jobs/{name}/diagnosis", "POST")["request"]
             d = server.call(f"/v1/jobs/{name}/diagnosis?request={n}")

@@ -59,8 +59,9 @@ def test_straggler_is_logged(server):
     try:
         for _ in range(NP):
             job.wait_event("ready")
-        listed = []
+        listed, deadline = [], time.monotonic() + 120
         while job.p.poll() is None and not listed:
+            assert time.monotonic() < deadline, "the job still runs after 120 s"
             try:
                 n = server.call("/v1/jobs/diag-slow/diagnosis", "POST")["request"]
                 d = server.call(f"/v1/jobs/diag-slow/diagnosis?request={n}")
