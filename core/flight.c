@@ -43,6 +43,7 @@ struct kolo_flight {
 	int *last;
 	int lag_n;
 	uint64_t nlag;
+	double *lag_sum; /* [lag_n]: each rank's lags summed since lag_n was set */
 };
 
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -101,6 +102,7 @@ void kolo_flight_destroy(struct kolo_flight *f)
 	free(f->members);
 	free(f->lag_ms);
 	free(f->last);
+	free(f->lag_sum);
 	free(f);
 }
 
@@ -396,9 +398,11 @@ void kolo_flight_lags(struct kolo_flight *f, const uint64_t *arrive, int n)
 	if (f->lag_n != n) { /* a new round, or the first collective */
 		free(f->lag_ms);
 		free(f->last);
+		free(f->lag_sum);
 		f->lag_ms = malloc((size_t)n * KOLO_FLIGHT_LAG_WINDOW * sizeof(float));
 		f->last = malloc(KOLO_FLIGHT_LAG_WINDOW * sizeof(int));
-		f->lag_n = f->lag_ms && f->last ? n : 0;
+		f->lag_sum = calloc((size_t)n, sizeof(double));
+		f->lag_n = f->lag_ms && f->last && f->lag_sum ? n : 0;
 		f->nlag = 0;
 	}
 	if (f->lag_n == n) {
@@ -407,6 +411,8 @@ void kolo_flight_lags(struct kolo_flight *f, const uint64_t *arrive, int n)
 		int last = -1;
 		for (int r = 0; r < n; r++) {
 			v[r] = arrive[r] ? (float)((double)(arrive[r] - first) / 1e6) : -1.0f;
+			if (arrive[r])
+				f->lag_sum[r] += (double)(arrive[r] - first) / 1e6;
 			if (v[r] > worst && v[r] >= KOLO_FLIGHT_LAST_MIN_MS) {
 				worst = v[r];
 				last = r;
@@ -415,6 +421,18 @@ void kolo_flight_lags(struct kolo_flight *f, const uint64_t *arrive, int n)
 		f->last[op] = last;
 	}
 	pthread_mutex_unlock(&f->lock);
+}
+
+bool kolo_flight_lag_totals(struct kolo_flight *f, double *out, int n)
+{
+	if (!f || !out || n <= 0)
+		return false;
+	pthread_mutex_lock(&f->lock);
+	bool ok = f->lag_n == n;
+	for (int r = 0; r < n; r++)
+		out[r] = ok ? f->lag_sum[r] : 0;
+	pthread_mutex_unlock(&f->lock);
+	return ok;
 }
 
 static int cmp_float(const void *a, const void *b)

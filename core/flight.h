@@ -84,6 +84,10 @@ void kolo_flight_waiting(struct kolo_flight *f, bool blocked, int peer);
 /* arrive[r]: kolo_now_ns() of the cycle that first saw rank r's submission,
  * 0 for a rank that took no part (joined); n ranks (the comm's size). */
 void kolo_flight_lags(struct kolo_flight *f, const uint64_t *arrive, int n);
+/* Each rank's lags summed (ms) since the comm last changed size, into
+ * out[n]: how long the others waited for each rank in all. false (zeros)
+ * when no lag of a comm of n ranks was recorded. */
+bool kolo_flight_lag_totals(struct kolo_flight *f, double *out, int n);
 struct kolo_flight_lag {
 	int rank; /* a job rank */
 	int ops;  /* collectives in the window */

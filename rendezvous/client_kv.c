@@ -87,6 +87,20 @@ kolo_status_t kolo_rdzv_job_round(struct kolo_rdzv_client *c, int64_t *round, in
 	return KOLO_OK;
 }
 
+kolo_status_t kolo_rdzv_job_sizes(struct kolo_rdzv_client *c, int *min_np, int *members,
+                                  int *waiting)
+{
+	char *text = NULL;
+	kolo_status_t st = kolo_rdzv_job_status(c, &text);
+	if (st != KOLO_OK)
+		return st;
+	bool ok = rdzv_client_parse_job_sizes(text, strlen(text), min_np, members, waiting);
+	free(text);
+	return ok ? KOLO_OK
+	          : kolo_fail(&c->err, KOLO_EPROTO,
+	                      "the job status has no min_np, members or waiting workers");
+}
+
 /* ---- KV --------------------------------------------------------------- */
 
 kolo_status_t rdzv_client_kv_path(struct kolo_rdzv_client *c, const char *key, const char *query,

@@ -153,3 +153,20 @@ bool rdzv_client_parse_job_round(const char *body, size_t len, int64_t *round, i
 	json_decref(j);
 	return ok;
 }
+
+bool rdzv_client_parse_job_sizes(const char *body, size_t len, int *min_np, int *members,
+                                 int *waiting)
+{
+	json_t *j = body ? json_loadb(body, len, 0, NULL) : NULL;
+	json_t *m = j ? json_object_get(j, "members") : NULL;
+	json_t *w = j ? json_object_get(j, "waiting") : NULL;
+	int64_t v = 0;
+	bool ok = j && get_int(j, "min_np", &v) && json_is_array(m) && json_is_array(w);
+	if (ok) {
+		*min_np = (int)v;
+		*members = (int)json_array_size(m);
+		*waiting = (int)json_array_size(w);
+	}
+	json_decref(j);
+	return ok;
+}

@@ -31,5 +31,9 @@ bool rdzv_client_parse_heartbeat(const char *body, size_t len, int64_t *round,
                                  bool *pending_change);
 /* A job status document: its round and how many members it lists. */
 bool rdzv_client_parse_job_round(const char *body, size_t len, int64_t *round, int *size);
+/* A job status document: its min_np, how many members and waiting workers
+ * (spares, joiners) it lists. */
+bool rdzv_client_parse_job_sizes(const char *body, size_t len, int *min_np, int *members,
+                                 int *waiting);
 
 #endif /* KOLO_RDZV_CLIENT_PARSE_H */

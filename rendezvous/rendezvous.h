@@ -190,6 +190,10 @@ kolo_status_t kolo_rdzv_job_configure(struct kolo_rdzv_client *c, int min_np, in
 kolo_status_t kolo_rdzv_job_status(struct kolo_rdzv_client *c, char **json);
 /* The job's current round and its number of members (0 before the first). */
 kolo_status_t kolo_rdzv_job_round(struct kolo_rdzv_client *c, int64_t *round, int *size);
+/* The job's min_np, and how many workers are members of its current round
+ * and how many wait (spares, joiners). */
+kolo_status_t kolo_rdzv_job_sizes(struct kolo_rdzv_client *c, int *min_np, int *members,
+                                  int *waiting);
 /* The job's hang diagnosis (docs/rendezvous.md, "Diagnosis") as JSON text;
  * the caller frees *json. With request, first asks every worker for a fresh
  * report (POST /diagnosis gives its number N), then GETs ?request=N every

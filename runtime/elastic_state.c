@@ -140,26 +140,38 @@ KOLO_API kolo_status_t kolo_state_commit(kolo_state_t *s)
 	struct kolo_rdzv_hb_state hb;
 	kolo_rdzv_heartbeat_state(comm->rdzv, &hb);
 	int64_t round = comm->assignment.round;
-	/* A heartbeat from before this round says nothing about it. */
-	int32_t flags[2] = {
+	/* A heartbeat from before this round says nothing about it. flags[2]:
+	 * rank 0's straggler verdict (the rank to evict plus one). */
+	int32_t flags[3] = {
 	        hb.last == KOLO_OK && hb.round == round && hb.pending_change,
 	        kolo_elastic_leave_requested(),
+	        kolo_runtime_straggler_verdict(comm),
 	};
 	int32_t mine = flags[1];
-	kolo_status_t st = state_max_i32(comm, flags, 2);
+	kolo_status_t st = state_max_i32(comm, flags, 3);
 	if (st != KOLO_OK)
 		return st;
-	if (!flags[0] && !flags[1])
+	if (!flags[0] && !flags[1] && !flags[2])
 		return KOLO_OK;
 	s->announced = true;
 	comm->change_at_commit = true;
+	if (flags[2] - 1 == comm->assignment.rank) {
+		char why[320];
+		kolo_runtime_straggler_evicted(comm, why, sizeof(why));
+		leave_now(s, "evicted as a straggler, at a commit point");
+		return kolo_comm_fail(comm, KOLO_EMEMBERSHIP,
+		                      "this worker was evicted from the job as a straggler: %s",
+		                      why);
+	}
 	if (mine) {
 		leave_now(s, "SIGTERM, at a commit point");
 		return kolo_comm_fail(comm, KOLO_EMEMBERSHIP, "this worker left the job");
 	}
 	return kolo_comm_fail(comm, KOLO_EMEMBERSHIP,
 	                      "membership change at a commit point of round %" PRId64 ": %s", round,
-	                      flags[0] ? "workers wait to join" : "a worker leaves");
+	                      flags[0]   ? "workers wait to join"
+	                      : flags[1] ? "a worker leaves"
+	                                 : "rank 0 evicts a straggler");
 }
 
 KOLO_API void kolo_elastic_done(kolo_comm_t *comm)

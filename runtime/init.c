@@ -360,6 +360,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 	kolo_device_state_destroy(comm->device);
 	kolo_ring_comm_destroy(comm->ring);
 	kolo_flight_destroy(comm->flight);
+	kolo_runtime_straggler_free(comm);
 	if (comm->transport)
 		comm->transport->ops->destroy(comm->transport);
 	kolo_rdzv_client_destroy(comm->rdzv);

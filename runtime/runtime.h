@@ -52,8 +52,10 @@ struct kolo_comm {
 	int rejoins;             /* times this process joined again after an eviction */
 	bool left;               /* left the job (SIGTERM while re-forming, or it finished) */
 	bool done;               /* training complete: kolo_finalize finishes the job */
-	uint64_t reform_ns[4];   /* last reform: start, torn down, assigned, connected */
-	bool metrics;            /* holds a reference on the metrics server */
+	bool evicted;            /* left the job as a straggler (straggler.c) */
+	struct kolo_straggler_watch *straggler; /* rank 0's eviction policy, or NULL */
+	uint64_t reform_ns[4]; /* last reform: start, torn down, assigned, connected */
+	bool metrics;          /* holds a reference on the metrics server */
 	/* Device collectives (device.c): NULL until the first; device_lock
 	 * guards its creation. */
 	struct kolo_device_state *device;
@@ -182,6 +184,15 @@ void kolo_runtime_elastic_leave_job(struct kolo_comm *comm, const char *why);
 kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm);
 void kolo_runtime_elastic_stop(struct kolo_comm *comm);
 kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st);
+
+/* ---- the straggler eviction policy (straggler.c) --------------------------
+ * At a commit point, on rank 0 of an elastic job with KOLO_STRAGGLER_EVICT_PCT
+ * set: the rank to evict plus one, or 0 (always 0 elsewhere). */
+int32_t kolo_runtime_straggler_verdict(struct kolo_comm *comm);
+/* This worker was evicted: marks the comm and logs why (rank 0 put it in
+ * the KV), into why. */
+void kolo_runtime_straggler_evicted(struct kolo_comm *comm, char *why, size_t len);
+void kolo_runtime_straggler_free(struct kolo_comm *comm);
 
 /* ---- the metrics endpoint (metrics_http.c) ------------------------------
  * KOLO_METRICS_LISTEN is HOST:PORT or :PORT; a worker listens on PORT plus

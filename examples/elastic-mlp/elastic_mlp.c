@@ -484,8 +484,10 @@ int main(int argc, char **argv)
 	double t0 = now_s();
 	st = kolo_elastic_run(comm, state, train_fn, &r);
 	if (st == KOLO_ESHUTDOWN && kolo_state_left(state)) {
-		printf("kolo-elastic-mlp: left the job at step %" PRId64 "\n", r.gstep);
-		rc = 0;
+		bool evicted = kolo_elastic_evicted(comm);
+		printf("kolo-elastic-mlp: %s the job at step %" PRId64 "\n",
+		       evicted ? "evicted as a straggler from" : "left", r.gstep);
+		rc = evicted ? KOLO_EXIT_EVICTED : 0;
 		goto fail;
 	}
 	KCHECK(comm, st);

@@ -69,6 +69,15 @@ KOLO_API kolo_status_t kolo_state_sync(kolo_state_t *state);
  * kolo_reform(); it should then finalize and exit 0. */
 KOLO_API bool kolo_state_left(const kolo_state_t *state);
 
+/* The exit status of a worker evicted as a straggler (KOLO_STRAGGLER_EVICT_PCT,
+ * docs/diagnosis.md): kolorun does not restart it, and a Kubernetes pod
+ * failure policy can match it. */
+#define KOLO_EXIT_EVICTED 90
+/* true after the job's straggler policy evicted this worker at a commit
+ * point (kolo_state_left() is then true too); it should finalize and exit
+ * with KOLO_EXIT_EVICTED, and must not join the job again. */
+KOLO_API bool kolo_elastic_evicted(const kolo_comm_t *comm);
+
 /* Asks this worker to leave the job at its next commit point, as SIGTERM
  * does in an elastic worker. Thread-safe and async-signal-safe. */
 KOLO_API void kolo_elastic_leave(void);

@@ -1090,6 +1090,18 @@ def reform() -> None:
     c.check(st, "reform")
 
 
+#: The exit status of a worker evicted as a straggler (C KOLO_EXIT_EVICTED).
+EXIT_EVICTED = 90
+
+
+def elastic_evicted() -> bool:
+    """True after the job's straggler policy (``KOLO_STRAGGLER_EVICT_PCT``)
+    evicted this worker at a commit point; it then leaves the job and exits
+    with :data:`EXIT_EVICTED` (``hvd.elastic.run`` does so)."""
+    c = _comm
+    return bool(c and _lib_().kolo_elastic_evicted(c.ptr))
+
+
 def elastic_resets() -> int:
     return _int("kolo_elastic_resets")
 
@@ -1153,6 +1165,6 @@ __all__ = [
     "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
     "send_async", "recv_async", "send", "recv", "ANY_SOURCE",
     "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",
-    "elastic_leave", "elastic_done", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
+    "elastic_leave", "elastic_done", "elastic_evicted", "EXIT_EVICTED", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
     "run",
 ]

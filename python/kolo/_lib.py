@@ -184,6 +184,7 @@ PROTOTYPES = {
     "kolo_timeline_stop": (c_status, [c_comm_p]),
     # elastic.h
     "kolo_elastic_enabled": (c_bool, [c_comm_p]),
+    "kolo_elastic_evicted": (c_bool, [c_comm_p]),
     "kolo_reform": (c_status, [c_comm_p]),
     "kolo_state_create": (c_status, [c_comm_p, P(c_state_p)]),
     "kolo_state_destroy": (None, [c_state_p]),

@@ -284,6 +284,8 @@ int main(int argc, char **argv)
 	if (st == KOLO_ESHUTDOWN && kolo_state_left(state)) {
 		if (c.soak && !acc_ok(&c))
 			rc = 2;
+		else if (kolo_elastic_evicted(comm))
+			rc = KOLO_EXIT_EVICTED;
 		else
 			printf("LEFT step %" PRId64 "\n", c.step);
 	} else if (st != KOLO_OK) {

@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "kolo/elastic.h"
 #include "rendezvous.h"
 
 #define LINE_MAX_BYTES 65536
@@ -779,13 +780,23 @@ int main(int argc, char **argv)
 				int code = exit_code(status);
 				if (code == 0)
 					break;
-				report_gone(reporter, &ws[i], elastic);
-				n_failed++;
 				char who[32];
 				if (ws[i].rank >= 0)
 					snprintf(who, sizeof(who), "rank %d", ws[i].rank);
 				else
 					snprintf(who, sizeof(who), "worker w%d", i);
+				if (elastic && code == KOLO_EXIT_EVICTED && !stopping) {
+					/* It left the job at a commit point: not a failure,
+					 * and not to be restarted. */
+					fprintf(stderr,
+					        "kolorun: %s (pid %d) was evicted as a straggler; "
+					        "not "
+					        "restarted\n",
+					        who, (int)pid);
+					break;
+				}
+				report_gone(reporter, &ws[i], elastic);
+				n_failed++;
 				if (stopping) {
 					break;
 				}

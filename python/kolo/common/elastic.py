@@ -9,6 +9,8 @@ changes and the reset loop, ``hvd.elastic.run`` (Python's twin of C
         kolo.reform() without restoring, sync, func again
     this worker left the job (SIGTERM, kolo.elastic_leave()):
         finalize and exit 0
+    the job's straggler policy evicted this worker at a commit point:
+        finalize and exit kolo.EXIT_EVICTED (90)
 
 kolo re-forms the same process and comm: no shutdown()/init() as in
 Horovod, and every re-form is followed by a sync on every rank, old and new.
@@ -196,11 +198,16 @@ def reset_limit() -> int:
 
 def _leave(why: str) -> NoReturn:
     """This worker is no longer a member of the job: free the comm and end
-    the process with status 0 (SystemExit, so finally blocks and atexit
-    handlers still run)."""
-    log.info("kolo elastic: %s; finalizing and exiting with status 0", why)
+    the process with status 0, or kolo.EXIT_EVICTED when the straggler
+    policy evicted it (SystemExit, so finally blocks and atexit handlers
+    still run)."""
+    if kolo.elastic_evicted():
+        why, status = kolo.last_error() or "evicted as a straggler", kolo.EXIT_EVICTED
+    else:
+        status = 0
+    log.info("kolo elastic: %s; finalizing and exiting with status %d", why, status)
     kolo.finalize()
-    raise SystemExit(0)
+    raise SystemExit(status)
 
 
 # The failures a new round cures, as runtime/reform.c's membership_failure():
