@@ -1,0 +1,113 @@
+"""An elastic job with one straggler, for the straggler eviction policy
+(tests/python/test_straggler.py, bench/diagnosis/faults.py).
+
+Every step each rank computes (fixed CPU work: --work matrix products),
+allreduces "grad" (checked against the sum every rank contributes), adds
+the result to the committed state and commits. The victim is the rank
+--victim of the first round (a spare that joins later never is):
+  hog   it shares one CPU with two busy processes, while the other ranks
+        share the remaining CPUs: a noisy neighbour;
+  slow  it sleeps --delay-ms more per step;
+  none  no straggler (the control run).
+Each worker reports {"ev": "ready"}, then {"ev": "done"} with its final
+step, total and size, or {"ev": "exit", "code"} when the elastic loop ends
+the process (an eviction exits with kolo.EXIT_EVICTED)."""
+
+import argparse
+import ctypes
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+import kolo
+from _common import report
+from kolo.common import arrays, elastic
+
+N = 256
+HOG = ("import ctypes, time\n"
+       "ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when the worker goes\n"
+       "end = time.monotonic() + 120\n"
+       "while time.monotonic() < end:\n"
+       "    pass\n")
+
+
+def start_hogs(cpu, n=1):
+    """n busy processes pinned to cpu, gone with this process."""
+    procs = []
+    for _ in range(n):
+        p = subprocess.Popen([sys.executable, "-c", HOG])
+        os.sched_setaffinity(p.pid, {cpu})
+        procs.append(p)
+    return procs
+
+
+def pin(rank, victim, mode):
+    """The victim (and its hogs) on the last CPU, the others on the rest."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if mode != "hog" or len(cpus) < 2:
+        return []
+    last = cpus[-1]
+    if rank == victim:
+        os.sched_setaffinity(0, {last})
+        return start_hogs(last)
+    os.sched_setaffinity(0, set(cpus[:-1]))
+    return []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["none", "hog", "slow"], required=True)
+    ap.add_argument("--victim", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--work", type=int, default=40)
+    ap.add_argument("--delay-ms", type=float, default=15.0)
+    a = ap.parse_args()
+    kolo.init()
+    first = kolo.round()
+    # Round 1 is the job's first: a spare gets its rank in a later one.
+    is_victim = a.mode != "none" and kolo.rank() == a.victim and first == 1
+    hogs = pin(kolo.rank(), a.victim if is_victim else -1, a.mode)
+    report({"ev": "ready", "rank": kolo.rank(), "round": first, "pid": os.getpid(),
+            "victim": is_victim})
+    m = np.random.default_rng(0).standard_normal((96, 96)) / 96
+
+    state = elastic.ObjectState(step=0, total=0.0)
+
+    @elastic.run
+    def train(state):
+        while state.step < a.steps:
+            x = m
+            for _ in range(a.work):
+                x = x @ m
+            if is_victim and a.mode == "slow":
+                time.sleep(a.delay_ms / 1000)
+            size = kolo.size()
+            g = np.full(N, float(kolo.rank() + 1), dtype=np.float32)
+            out = arrays.allreduce(g, name="grad", op="sum").wait()
+            want = size * (size + 1) / 2
+            if not np.allclose(out.astype(np.float64), want):
+                report({"ev": "wrong", "step": state.step, "got": float(out[0]), "want": want})
+                raise SystemExit(1)
+            state.total += want
+            state.step += 1
+            state.commit()
+
+    try:
+        train(state)
+    except SystemExit as e:
+        report({"ev": "exit", "pid": os.getpid(), "code": e.code, "step": state.step,
+                "victim": is_victim})
+        raise
+    finally:
+        for p in hogs:
+            p.kill()
+    report({"ev": "done", "pid": os.getpid(), "rank": kolo.rank(), "size": kolo.size(),
+            "step": state.step, "total": state.total, "victim": is_victim})
+    kolo.finalize()
+
+
+if __name__ == "__main__":
+    main()
