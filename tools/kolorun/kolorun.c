@@ -688,7 +688,7 @@ int main(int argc, char **argv)
 		perror("kolorun");
 		return 1;
 	}
-	int running = 0, failed_slot = -1, result = 0, n_failed = 0;
+	int running = 0, failed_slot = -1, result = 0, n_failed = 0, n_ok = 0, n_evicted = 0;
 	for (int i = 0; i < nproc; i++) {
 		ws[i].slot = i;
 		ws[i].rank = -1;
@@ -778,8 +778,10 @@ int main(int argc, char **argv)
 				ws[i].status = status;
 				running--;
 				int code = exit_code(status);
-				if (code == 0)
+				if (code == 0) {
+					n_ok++;
 					break;
+				}
 				char who[32];
 				if (ws[i].rank >= 0)
 					snprintf(who, sizeof(who), "rank %d", ws[i].rank);
@@ -793,6 +795,7 @@ int main(int argc, char **argv)
 					        "not "
 					        "restarted\n",
 					        who, (int)pid);
+					n_evicted++;
 					break;
 				}
 				report_gone(reporter, &ws[i], elastic);
@@ -874,5 +877,9 @@ int main(int argc, char **argv)
 	kolo_rdzv_server_stop(server);
 	close(sig_pipe[0]);
 	close(sig_pipe[1]);
+	/* Every worker of ours was evicted as a straggler: say so (a pod's
+	 * failure policy can tell it from a failure and from a success). */
+	if (result == 0 && n_evicted > 0 && n_ok == 0)
+		result = KOLO_EXIT_EVICTED;
 	return result;
 }
