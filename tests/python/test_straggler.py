@@ -13,10 +13,12 @@ so the survivors' totals say at which size every step ran."""
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
-from conftest import PYTHON, WORKERS, kolorun, results
+from conftest import KOLORUN, PYTHON, WORKERS, kolorun, results, worker_env
+from diag_jobs import Server
 
 SCRIPT = str(WORKERS / "straggler_worker.py")
 WINDOW = 40
@@ -111,3 +113,36 @@ def test_control_run_evicts_nobody():
                                env=POLICY, launcher=["--spares", 1])
     assert exits == [] and len(done) == 2, proc.stderr[-3000:]
     assert "evict" not in proc.stderr
+
+
+@TWO_CPUS
+def test_a_launcher_whose_workers_were_all_evicted_exits_90(tmp_path):
+    """Two kolorun instances (two pods) against one kolo-rendezvous: the one
+    whose only worker was evicted exits 90, the other 0 with the job done."""
+    server = Server(tmp_path)
+    steps = 250
+    try:
+        def launch(victim):
+            env = worker_env({**POLICY, "STRAGGLER_VICTIM": int(victim)})
+            cmd = [KOLORUN, "-np", "1", "--min-np", "1", "--max-np", "2", "--rendezvous",
+                   server.url, "--token-file", server.token, "--job", "evict90", "--", PYTHON,
+                   SCRIPT, "--mode", "hog", "--victim", "-1", "--steps", str(steps), "--work",
+                   "400"]
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=env)
+        pods = [launch(True), launch(False)]
+        outs = [p.communicate(timeout=150) for p in pods]
+    finally:
+        for p in locals().get("pods", []):
+            p.kill()
+        server.close()
+    assert [p.returncode for p in pods] == [90, 0], outs
+    assert "was evicted as a straggler; not restarted" in outs[0][1]
+    done = [json.loads(m) for m in re.findall(r"KOLO-RESULT (.*)", outs[1][0])
+            if '"done"' in m]
+    exits = [json.loads(m) for m in re.findall(r"KOLO-RESULT (.*)", outs[0][0])
+             if '"exit"' in m]
+    assert len(exits) == 1 and exits[0]["code"] == 90, outs[0]
+    k = exits[0]["step"]
+    assert len(done) == 1 and done[0]["step"] == steps and done[0]["size"] == 1, outs[1]
+    assert done[0]["total"] == total([(k, 2), (steps - k, 1)]), (k, done)

@@ -9,6 +9,8 @@ the result to the committed state and commits. The victim is the rank
         share the remaining CPUs: a noisy neighbour;
   slow  it sleeps --delay-ms more per step;
   none  no straggler (the control run).
+With --victim -1 the victim is the worker whose environment has
+STRAGGLER_VICTIM=1 (for jobs of several launchers).
 Each worker reports {"ev": "ready"}, then {"ev": "done"} with its final
 step, total and size, or {"ev": "exit", "code"} when the elastic loop ends
 the process (an eviction exits with kolo.EXIT_EVICTED)."""
@@ -44,13 +46,13 @@ def start_hogs(cpu, n=1):
     return procs
 
 
-def pin(rank, victim, mode):
+def pin(is_victim, mode):
     """The victim (and its hogs) on the last CPU, the others on the rest."""
     cpus = sorted(os.sched_getaffinity(0))
     if mode != "hog" or len(cpus) < 2:
         return []
     last = cpus[-1]
-    if rank == victim:
+    if is_victim:
         os.sched_setaffinity(0, {last})
         return start_hogs(last)
     os.sched_setaffinity(0, set(cpus[:-1]))
@@ -68,8 +70,9 @@ def main():
     kolo.init()
     first = kolo.round()
     # Round 1 is the job's first: a spare gets its rank in a later one.
-    is_victim = a.mode != "none" and kolo.rank() == a.victim and first == 1
-    hogs = pin(kolo.rank(), a.victim if is_victim else -1, a.mode)
+    is_victim = a.mode != "none" and first == 1 and (
+        kolo.rank() == a.victim if a.victim >= 0 else os.environ.get("STRAGGLER_VICTIM") == "1")
+    hogs = pin(is_victim, a.mode)
     report({"ev": "ready", "rank": kolo.rank(), "round": first, "pid": os.getpid(),
             "victim": is_victim})
     m = np.random.default_rng(0).standard_normal((96, 96)) / 96
