@@ -275,6 +275,52 @@ static bool may_answer(const struct diag *d, const struct stall *s, int r)
 	       !in->m[r].ignored && !overdue;
 }
 
+/* An absent rank r still waiting in the data plane of an earlier op on a
+ * rank p that has completed it: what p sent never arrived (a ring's last
+ * transfer lost on a cut or all but stalled link; a send completes once the
+ * kernel holds the data). Returns p and r's entry of that op, else -1. */
+static int lost_transfer(const struct diag *d, const struct stall *s, int r,
+                         const struct rdzv_diag_entry **lost)
+{
+	const struct rdzv_diag_comm *c = comm_of(d->in->m[r].report, s->label);
+	int p = c ? c->waiting_on : -1;
+	if (p < 0 || p >= d->n || p == r || d->stale_hb[r])
+		return -1;
+	const struct rdzv_diag_comm *pc = comm_of(d->in->m[p].report, s->label);
+	for (int i = 0; i < c->n_entries; i++) {
+		const struct rdzv_diag_entry *e = &c->entries[i], *pe = entry_of(pc, e->name);
+		if (e->state == RDZV_DIAG_DATAPLANE && pe && pe->state == RDZV_DIAG_DONE) {
+			*lost = e;
+			return p;
+		}
+	}
+	return -1;
+}
+
+/* The link culprit of a lost transfer: p, waited on by r in op e. */
+static void lost_transfer_culprit(struct diag *d, const struct stall *s, int r, int p,
+                                  const struct rdzv_diag_entry *e)
+{
+	const char *hr = host_of(d, r), *hp = host_of(d, p);
+	char detail[1024];
+	size_t o =
+	        strcmp(hr, hp) != 0
+	                ? (size_t)snprintf(detail, sizeof(detail), "a link between %s and %s", hp,
+	                                   hr)
+	                : (size_t)snprintf(detail, sizeof(detail),
+	                                   "the link between ranks %d and %d on host %s", p, r, hr);
+	if (o < sizeof(detail))
+		snprintf(detail + o, sizeof(detail) - o,
+		         ": rank %d (%s) has waited %.0f ms in %s '%s' for data from rank %d (%s), "
+		         "which completed it: what it sent did not arrive; %s wait in %s '%s'",
+		         r, hr, comm_of(d->in->m[r].report, s->label)->waiting_ms,
+		         e->op[0] ? e->op : "collective", e->name, p, hp, s->waiters, s->op,
+		         s->name);
+	culprit_add(
+	        d, p, "link", detail,
+	        json_pack("{s:i,s:s,s:[s,s]}", "peer_rank", r, "peer_host", hr, "hosts", hp, hr));
+}
+
 /* A rank's part makes it a culprit: absent, silent, stopped or gone. */
 static void blame_rank(struct diag *d, const struct stall *s, int r)
 {
@@ -287,8 +333,14 @@ static void blame_rank(struct diag *d, const struct stall *s, int r)
 	d->silent[r] = s->part[r] == P_SILENT && !d->in->m[r].ignored;
 	if (!d->in->m[r].registered || d->stale_hb[r] || s->part[r] == P_SILENT)
 		unresponsive(d, s, r);
-	else if (s->part[r] == P_ABSENT)
-		not_submitted(d, s, r);
+	else if (s->part[r] == P_ABSENT) {
+		const struct rdzv_diag_entry *lost = NULL;
+		int p = lost_transfer(d, s, r, &lost);
+		if (p >= 0 && !d->blamed[p])
+			lost_transfer_culprit(d, s, r, p, lost);
+		else if (p < 0)
+			not_submitted(d, s, r);
+	}
 }
 
 /* The cycle edge most likely broken: the one waited on longest, crossing

@@ -288,6 +288,37 @@ START_TEST(two_cycle_across_hosts)
 }
 END_TEST
 
+/* A cut between hostA and hostC during a ring's last transfer: rank 2
+ * (hostC) completed step.10, but what it sent never reached rank 0, which
+ * still waits on it there; ranks 1 and 2 wait in step.11, which rank 0 has
+ * not submitted. A link, not a rank that skipped an op. */
+START_TEST(lost_transfer_is_a_link)
+{
+	members(3, "hostA", "hostB", "hostC");
+	report(0, 0, FRESH, "executing", 2, 1400,
+	       DONE("step.9") "," OPEN("step.10", "dataplane", 1500.0));
+	for (int r = 1; r < 3; r++)
+		report(r, 0, FRESH, "negotiating", -1, 0,
+		       DONE("step.10") "," OPEN("step.11", "submitted", 1450.0));
+	classify(0);
+	ck_assert_uint_eq(n_culprits(), 1);
+	culprit_is(0, 2, "link", "running");
+	ck_assert_int_eq(json_integer_value(json_object_get(culprit(0), "peer_rank")), 0);
+	ck_assert_str_eq(
+	        text("summary"),
+	        "a link between hostC and hostA: rank 0 (hostA) has waited 1400 ms in "
+	        "allreduce 'step.10' for data from rank 2 (hostC), which completed it: what "
+	        "it sent did not arrive; ranks 1, 2 wait in allreduce 'step.11'");
+	/* The same rank 0 waiting on nobody is a rank that has not submitted. */
+	rdzv_diag_report_fini(&rep[0]);
+	report(0, 0, FRESH, "executing", -1, 0,
+	       DONE("step.9") "," OPEN("step.10", "dataplane", 1500.0));
+	classify(0);
+	ck_assert_uint_eq(n_culprits(), 1);
+	culprit_is(0, 0, "not_submitted", "running");
+}
+END_TEST
+
 /* A rank's own wait on itself is ignored: it never blames itself. */
 START_TEST(never_blames_itself)
 {
@@ -462,6 +493,7 @@ static Suite *server_diag_suite(void)
 	tcase_add_test(tc, dead_rank);
 	tcase_add_test(tc, link_cycle);
 	tcase_add_test(tc, two_cycle_across_hosts);
+	tcase_add_test(tc, lost_transfer_is_a_link);
 	tcase_add_test(tc, never_blames_itself);
 	tcase_add_test(tc, mismatch);
 	tcase_add_test(tc, missing_reports);

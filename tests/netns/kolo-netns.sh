@@ -6,6 +6,7 @@
 #   kolo-netns.sh addr I                                print host I's address ("br" too)
 #   kolo-netns.sh link I up|down                        connect / cut host I's link
 #   kolo-netns.sh block I J on|off                      drop / pass traffic between hosts I and J
+#   kolo-netns.sh rate I MBIT|RATEkbit|off              shape / unshape host I's link (both ways)
 #   kolo-netns.sh list                                  print the hosts and their addresses
 #   kolo-netns.sh down [--prefix NAME]                  remove everything (idempotent)
 #
@@ -18,7 +19,9 @@
 # Every veth is created directly inside its namespace, so names never clash with the root's.
 #
 # --rate MBIT shapes each host's link in both directions with tc tbf: the host-side eth0
-# egress (host -> bridge) and the bridge-side vhI egress (bridge -> host).
+# egress (host -> bridge) and the bridge-side vhI egress (bridge -> host). `rate I` does the
+# same for one host at any time (whole Mbit/s, or e.g. 8kbit for a link that all but stalls);
+# `rate I off` removes the shaping.
 #
 # Host names: `exec I` runs CMD in a new UTS namespace whose host name is "hI" (so
 # gethostname() answers hI) and with KOLO_HOSTNAME=hI in its environment, so the rendezvous
@@ -38,7 +41,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -104,13 +107,13 @@ cmd_down() {
 	fi
 }
 
-shape() { # shape NS DEV MBIT
-	local ns=$1 dev=$2 mbit=$3
+shape() { # shape NS DEV KBIT
+	local ns=$1 dev=$2 kbit=$3
 	# tbf needs a bucket of at least rate/HZ bytes; 10 ms of line rate, never below 64 KiB
 	# (one GSO super-packet), keeps the long-run rate exact without starving the link.
-	local burst=$((mbit * 1000000 / 8 / 100))
+	local burst=$((kbit * 1000 / 8 / 100))
 	[ "$burst" -lt 65536 ] && burst=65536
-	ip netns exec "$ns" tc qdisc replace dev "$dev" root tbf rate "${mbit}mbit" \
+	ip netns exec "$ns" tc qdisc replace dev "$dev" root tbf rate "${kbit}kbit" \
 		burst "$burst" latency 50ms
 }
 
@@ -158,8 +161,8 @@ cmd_up() {
 		ip -n "$ns" addr add "$(addr_of "$i")/24" dev eth0
 		ip -n "$ns" link set eth0 up
 		if [ -n "$rate" ]; then
-			shape "$ns" eth0 "$rate"
-			shape "$br" "vh$i" "$rate"
+			shape "$ns" eth0 $((rate * 1000))
+			shape "$br" "vh$i" $((rate * 1000))
 		fi
 	done
 	built=1
@@ -223,6 +226,30 @@ cmd_block() {
 	done
 }
 
+cmd_rate() {
+	[ $# -eq 2 ] || usage
+	[[ $1 =~ ^[0-9]+$ ]] || die "rate takes a host number"
+	local ns br kbit
+	ns=$(ns_of "$1")
+	br=$(ns_of br)
+	ns_exists "$ns" || die "no namespace $ns"
+	if [ "$2" = off ]; then
+		ip netns exec "$ns" tc qdisc del dev eth0 root 2>/dev/null || true
+		ip netns exec "$br" tc qdisc del dev "vh$1" root 2>/dev/null || true
+		return
+	fi
+	if [[ $2 =~ ^([0-9]+)kbit$ ]]; then
+		kbit=${BASH_REMATCH[1]}
+	elif [[ $2 =~ ^[0-9]+$ ]]; then
+		kbit=$(($2 * 1000))
+	else
+		die "rate takes whole Mbit/s, NUMkbit or off"
+	fi
+	[ "$kbit" -ge 1 ] || die "rate must be at least 1kbit"
+	shape "$ns" eth0 "$kbit"
+	shape "$br" "vh$1" "$kbit"
+}
+
 cmd_list() {
 	local ns
 	for ns in $(our_namespaces); do
@@ -242,7 +269,7 @@ fi
 [ $# -ge 1 ] || usage
 sub=$1
 shift
-# --prefix may also follow the subcommand of down/list/exec/addr/link/block.
+# --prefix may also follow the subcommand of down/list/addr/link/block/rate.
 args=()
 while [ $# -gt 0 ]; do
 	if [ "$1" = --prefix ] && [ "$sub" != up ] && [ "$sub" != exec ]; then
@@ -261,6 +288,7 @@ exec) cmd_exec "${args[@]}" ;;
 addr) cmd_addr "${args[@]}" ;;
 link) cmd_link "${args[@]}" ;;
 block) cmd_block "${args[@]}" ;;
+rate) cmd_rate "${args[@]}" ;;
 list) cmd_list ;;
 -h | --help | help) usage ;;
 *) usage ;;
