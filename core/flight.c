@@ -36,6 +36,7 @@ struct kolo_flight {
 	atomic_int activity;
 	atomic_int wait_peer;
 	atomic_uint_least64_t wait_since;
+	atomic_int wait_unacked_ms; /* the probe to wait_peer's host; -1: unknown */
 	struct fl_entry e[KOLO_FLIGHT_ENTRIES];
 	/* arrival lags: lag_ms[op * lag_n + r] (-1: took no part), last[op]: the
 	 * rank that arrived last (-1: none); nlag collectives recorded */
@@ -80,6 +81,7 @@ struct kolo_flight *kolo_flight_create(const char *label, int rank, int size, co
 	atomic_init(&f->activity, KOLO_FA_IDLE);
 	atomic_init(&f->wait_peer, -1);
 	atomic_init(&f->wait_since, 0);
+	atomic_init(&f->wait_unacked_ms, -1);
 	pthread_mutex_lock(&reg_lock);
 	f->next = reg_head;
 	reg_head = f;
@@ -205,6 +207,13 @@ void kolo_flight_waiting(struct kolo_flight *f, bool blocked, int peer)
 		return;
 	atomic_store_explicit(&f->wait_since, blocked ? kolo_now_ns() : 0, memory_order_relaxed);
 	atomic_store_explicit(&f->wait_peer, blocked ? peer : -1, memory_order_relaxed);
+	atomic_store_explicit(&f->wait_unacked_ms, -1, memory_order_relaxed);
+}
+
+void kolo_flight_waiting_unacked(struct kolo_flight *f, int ms)
+{
+	if (f)
+		atomic_store_explicit(&f->wait_unacked_ms, ms, memory_order_relaxed);
 }
 
 double kolo_flight_oldest_open_s(void)
@@ -311,6 +320,9 @@ static void render_comm(struct kolo_metrics_text *t, struct kolo_flight *f, int 
 	int a = atomic_load_explicit(&f->activity, memory_order_relaxed);
 	kolo_metrics_text_add(t, ",\"activity\":\"%s\",\"waiting_on\":%d,\"waiting_ms\":%.1f",
 	                      activity_names[a & 3], peer, ms_ago(now, since));
+	int unacked = atomic_load_explicit(&f->wait_unacked_ms, memory_order_relaxed);
+	if (peer >= 0 && unacked >= 0)
+		kolo_metrics_text_add(t, ",\"waiting_unacked_ms\":%d", unacked);
 	kolo_metrics_text_add(t, ",\"entries\":[");
 	for (int i = 0; i < n; i++) {
 		if (i)

@@ -72,6 +72,10 @@ void kolo_flight_activity(struct kolo_flight *f, enum kolo_flight_activity a);
 /* The data plane blocked (after its spin) waiting for peer (a rank of the
  * comm, shown as its job rank; -1: not known), or, with blocked false, is no longer blocked. */
 void kolo_flight_waiting(struct kolo_flight *f, bool blocked, int peer);
+/* While blocked: how long the liveness probe to that peer's host has waited
+ * for an acknowledgement (0: nothing outstanding; it is a network path that
+ * stopped answering or all but stalled when it grows). */
+void kolo_flight_waiting_unacked(struct kolo_flight *f, int ms);
 
 /* ---- arrival lags (stragglers) ------------------------------------------
  * For every negotiated collective, when each rank's submission was seen:

@@ -98,6 +98,12 @@ START_TEST(wraps_and_bounds)
 	kolo_flight_activity(f, KOLO_FA_NEGOTIATING);
 	s = render(1);
 	ck_assert_ptr_nonnull(strstr(s, "\"activity\":\"negotiating\",\"waiting_on\":7"));
+	ck_assert_ptr_null(strstr(s, "waiting_unacked_ms"));
+	free(s);
+	/* The probe to that peer's host, while blocked on it. */
+	kolo_flight_waiting_unacked(f, 450);
+	s = render(1);
+	ck_assert_ptr_nonnull(strstr(s, "\"waiting_unacked_ms\":450"));
 	free(s);
 	kolo_flight_waiting(f, false, -1);
 	s = render(1);

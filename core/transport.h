@@ -161,6 +161,10 @@ struct kolo_transport_ops {
 	 * the network level (no acknowledgement within probe_timeout_ms), as
 	 * opposed to a peer that closed, reset or was slow. Thread-safe. */
 	bool (*unreachable)(struct kolo_transport *t, int peer_rank);
+	/* Optional (may be NULL): how long the liveness probe to peer_rank's host
+	 * has waited for an acknowledgement (0: it has none outstanding), -1 when
+	 * that host is not probed. Thread-safe. */
+	int (*unacked_ms)(struct kolo_transport *t, int peer_rank);
 	/* Optional (may be NULL): tells c's peer that the caller runs on CPU
 	 * `cpu` now and returns the CPU the peer last said it runs on, or -1
 	 * when that is unknown (a peer on another host, a conn not ready). */

@@ -171,6 +171,10 @@ kolo_status_t ring_idle(struct kolo_ring_comm *rc, struct ring_waiter *w, bool p
 		kolo_flight_waiting(rc->cfg.flight, true,
 		                    w->peer >= 0 ? ring_global_rank(rc, w->peer) : -1);
 	}
+	if (rc->cfg.flight && w->peer >= 0 && rc->conns[w->peer] && rc->t->ops->unacked_ms)
+		kolo_flight_waiting_unacked(
+		        rc->cfg.flight,
+		        rc->t->ops->unacked_ms(rc->t, rc->conns[w->peer]->peer_rank));
 	uint64_t waited_ms = (now - w->progress_ns) / 1000000u;
 	int slice = WAIT_SLICE_MS;
 	if (rc->cfg.timeout_ms > 0) {

@@ -270,6 +270,12 @@ static bool hybrid_unreachable(struct kolo_transport *t, int peer_rank)
 	return h->net->ops->unreachable && h->net->ops->unreachable(h->net, peer_rank);
 }
 
+static int hybrid_unacked_ms(struct kolo_transport *t, int peer_rank)
+{
+	struct hybrid *h = hy(t);
+	return h->net->ops->unacked_ms ? h->net->ops->unacked_ms(h->net, peer_rank) : -1;
+}
+
 static int hybrid_peer_cpu(struct kolo_conn *c, int cpu)
 {
 	struct kolo_conn *sub = kolo_container_of(c, struct hybrid_conn, base)->sub;
@@ -329,6 +335,7 @@ const struct kolo_transport_ops kolo_transport_hybrid_ops = {
         .destroy = hybrid_destroy,
         .poll_fd = hybrid_poll_fd,
         .unreachable = hybrid_unreachable,
+        .unacked_ms = hybrid_unacked_ms,
         .peer_cpu = hybrid_peer_cpu,
 };
 

@@ -174,6 +174,9 @@ bool tcp_probe_pending(const struct tcp_probe *p);
 void tcp_probe_ack(struct tcp_probe *p);
 /* Whether rank was found lost. Thread-safe. */
 bool tcp_probe_lost(struct tcp_probe *p, int rank);
+/* How long rank's probe had waited for an acknowledgement at the last beat
+ * (0: nothing waited), -1 when rank is not probed. Thread-safe. */
+int tcp_probe_unacked_ms(struct tcp_probe *p, int rank);
 /* Stops the thread and closes every probe. Accepts NULL. */
 void tcp_probe_stop(struct tcp_probe *p);
 

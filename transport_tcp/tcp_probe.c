@@ -28,7 +28,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #define SUBSYS "tcp"
@@ -63,6 +65,8 @@ struct tcp_probe {
 	int n_added, cap_added;
 	struct rank_set watched, lost;
 	atomic_int n_lost; /* lost ranks not taken by take_lost() yet */
+	int *unacked_ms;   /* by rank: how long the probe has waited for an ACK */
+	int cap_unacked;
 	/* The thread's own: targets being probed, accepted probes being drained. */
 	struct probe_target *targets;
 	int n_targets, cap_targets;
@@ -215,6 +219,28 @@ static bool drain_probe(int fd)
 	}
 }
 
+/* Before each beat: how long the target's bytes have waited for an ACK (0
+ * when none waits: a live path acknowledged the last beat's long ago). The
+ * send queue counts bytes sent and not acknowledged, and bytes the kernel
+ * could not send at all (a route that drops them). */
+static void note_unacked(struct tcp_probe *p, const struct probe_target *tg)
+{
+	struct tcp_info ti;
+	socklen_t len = sizeof(ti);
+	int ms = 0, queued = 0;
+	if (ioctl(tg->fd, SIOCOUTQ, &queued) == 0 && queued > 0 &&
+	    getsockopt(tg->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0)
+		ms = (int)ti.tcpi_last_ack_recv;
+	pthread_mutex_lock(&p->lock);
+	int old = p->cap_unacked;
+	if (grow((void **)&p->unacked_ms, &p->cap_unacked, tg->rank + 1, sizeof(int))) {
+		for (int r = old; r < p->cap_unacked; r++)
+			p->unacked_ms[r] = -1;
+		p->unacked_ms[tg->rank] = ms;
+	}
+	pthread_mutex_unlock(&p->lock);
+}
+
 static void beat(struct tcp_probe *p)
 {
 	static const uint8_t byte = 0;
@@ -222,6 +248,7 @@ static void beat(struct tcp_probe *p)
 		struct probe_target *tg = &p->targets[i];
 		if (tg->state != TG_UP)
 			continue;
+		note_unacked(p, tg);
 		/* EAGAIN: bytes are queued unacknowledged already, and
 		 * TCP_USER_TIMEOUT runs on them. */
 		if (send(tg->fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN &&
@@ -423,6 +450,16 @@ bool tcp_probe_lost(struct tcp_probe *p, int rank)
 	return lost;
 }
 
+int tcp_probe_unacked_ms(struct tcp_probe *p, int rank)
+{
+	if (!p || rank < 0)
+		return -1;
+	pthread_mutex_lock(&p->lock);
+	int ms = rank < p->cap_unacked ? p->unacked_ms[rank] : -1;
+	pthread_mutex_unlock(&p->lock);
+	return ms;
+}
+
 void tcp_probe_ack(struct tcp_probe *p)
 {
 	if (p)
@@ -453,6 +490,7 @@ void tcp_probe_stop(struct tcp_probe *p)
 	free(p->added);
 	free(p->watched.bits);
 	free(p->lost.bits);
+	free(p->unacked_ms);
 	free(p->targets);
 	free(p->drain);
 	free(p);

@@ -66,6 +66,9 @@ START_TEST(answering_peer_is_not_lost)
 	ck_assert(!readable_within(notify, 10 * TIMEOUT_MS));
 	ck_assert(!tcp_probe_pending(a));
 	ck_assert(!tcp_probe_lost(a, 1));
+	/* Each beat found the last one acknowledged; rank 2 is not probed. */
+	ck_assert_int_eq(tcp_probe_unacked_ms(a, 1), 0);
+	ck_assert_int_eq(tcp_probe_unacked_ms(a, 2), -1);
 	/* b goes away: its kernel closes the probe, which is an answer. */
 	tcp_probe_stop(b);
 	ck_assert(!readable_within(notify, 3 * TIMEOUT_MS));

@@ -365,6 +365,11 @@ static bool tcp_unreachable(struct kolo_transport *kt, int peer_rank)
 	return tcp_probe_lost(tcp_transport_of(kt)->probe, peer_rank);
 }
 
+static int tcp_unacked_ms(struct kolo_transport *kt, int peer_rank)
+{
+	return tcp_probe_unacked_ms(tcp_transport_of(kt)->probe, peer_rank);
+}
+
 static void tcp_close(struct kolo_conn *kc)
 {
 	if (!kc)
@@ -412,5 +417,6 @@ const struct kolo_transport_ops kolo_transport_tcp_ops = {
         .close = tcp_close,
         .destroy = tcp_destroy,
         .unreachable = tcp_unreachable,
+        .unacked_ms = tcp_unacked_ms,
         .poll_fd = tcp_poll_fd,
 };
