@@ -312,9 +312,12 @@ static void lost_transfer_culprit(struct diag *d, const struct stall *s, int r, 
 	if (o < sizeof(detail))
 		snprintf(detail + o, sizeof(detail) - o,
 		         ": rank %d (%s) has waited %.0f ms in %s '%s' for data from rank %d (%s), "
-		         "which completed it: what it sent did not arrive; %s wait in %s '%s'",
+		         "which completed it: what it sent did not arrive",
 		         r, hr, comm_of(d->in->m[r].report, s->label)->waiting_ms,
-		         e->op[0] ? e->op : "collective", e->name, p, hp, s->waiters, s->op,
+		         e->op[0] ? e->op : "collective", e->name, p, hp);
+	o = strlen(detail);
+	if (strcmp(e->name, s->name) != 0 && o < sizeof(detail)) /* r has not submitted s */
+		snprintf(detail + o, sizeof(detail) - o, "; %s wait in %s '%s'", s->waiters, s->op,
 		         s->name);
 	culprit_add(
 	        d, p, "link", detail,
@@ -343,21 +346,34 @@ static void blame_rank(struct diag *d, const struct stall *s, int r)
 	}
 }
 
-/* The cycle edge most likely broken: the one waited on longest, crossing
- * hosts when any does. Returns its waiting rank. */
+/* How suspect the edge a -> s->edge[a] is: 2 when a's liveness probe to
+ * that host waits for an acknowledgement, plus 1 when it crosses hosts. */
+static int edge_rank(const struct diag *d, const struct stall *s, int a)
+{
+	const struct rdzv_diag_comm *c = comm_of(d->in->m[a].report, s->label);
+	return 2 * (c->waiting_unacked_ms >= RDZV_DIAG_UNACKED_MS) +
+	       (strcmp(host_of(d, a), host_of(d, s->edge[a])) != 0);
+}
+
+/* The cycle edge most likely broken: the one whose probe goes unanswered,
+ * else one crossing hosts, the one waited on longest of those. Returns its
+ * waiting rank. The waits are compared by when they began (the report's time
+ * less waiting_ms): the reports are written at different times. In a ring
+ * every rank blocks within a millisecond of the others, so a slowed link is
+ * told by its probe rather than by the waits. */
 static int link_edge(const struct diag *d, const struct stall *s, int start)
 {
-	int best = start;
-	double best_ms = -1;
-	bool best_cross = false;
+	int best = start, best_rank = -1;
+	double best_since = 0;
 	int a = start;
 	do {
-		const struct rdzv_diag_comm *c = comm_of(d->in->m[a].report, s->label);
-		bool cross = strcmp(host_of(d, a), host_of(d, s->edge[a])) != 0;
-		if ((cross && !best_cross) || (cross == best_cross && c->waiting_ms > best_ms)) {
+		const struct rdzv_diag_report *rep = d->in->m[a].report;
+		double since = (double)rep->time_ms - comm_of(rep, s->label)->waiting_ms;
+		int rank = edge_rank(d, s, a);
+		if (rank > best_rank || (rank == best_rank && since < best_since)) {
 			best = a;
-			best_ms = c->waiting_ms;
-			best_cross = cross;
+			best_since = since;
+			best_rank = rank;
 		}
 		a = s->edge[a];
 	} while (a != start);
@@ -389,6 +405,12 @@ static void link_culprit(struct diag *d, const struct stall *s, int start)
 	         ": rank %d (%s) has waited %.0f ms for rank %d (%s) in %s '%s', and the waits "
 	         "form a cycle with no end (%s)",
 	         a, ha, ms, p, hp, s->op, s->name, cyc);
+	double unacked = comm_of(d->in->m[a].report, s->label)->waiting_unacked_ms;
+	o = strlen(detail);
+	if (unacked >= RDZV_DIAG_UNACKED_MS && o < sizeof(detail))
+		snprintf(detail + o, sizeof(detail) - o,
+		         "; its liveness probe to %s has waited %.0f ms for an acknowledgement", hp,
+		         unacked);
 	culprit_add(
 	        d, p, "link", detail,
 	        json_pack("{s:i,s:s,s:[s,s]}", "peer_rank", a, "peer_host", ha, "hosts", hp, ha));
@@ -427,6 +449,17 @@ static void stall_blame(struct diag *d, struct stall *s)
 	for (int r = 0; r < d->n; r++) {
 		if (s->end[r] >= 0 && s->end[r] != r)
 			blame_rank(d, s, s->end[r]);
+	}
+	/* A waiting rank whose peer completed the op: what the peer sent was lost. */
+	for (int r = 0; r < d->n; r++) {
+		int p = s->edge[r];
+		const struct rdzv_diag_entry *e =
+		        entry_of(comm_of(d->in->m[r].report, s->label), s->name);
+		const struct rdzv_diag_entry *pe =
+		        p >= 0 ? entry_of(comm_of(d->in->m[p].report, s->label), s->name) : NULL;
+		if (pe && pe->state == RDZV_DIAG_DONE && e->state == RDZV_DIAG_DATAPLANE &&
+		    !d->blamed[p])
+			lost_transfer_culprit(d, s, r, p, e);
 	}
 	for (int r = 0; r < d->n; r++)
 		blame_rank(d, s, r);

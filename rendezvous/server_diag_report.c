@@ -90,6 +90,9 @@ static bool comm_read(const json_t *o, struct rdzv_diag_comm *c)
 	c->activity = str_field(o, "activity");
 	c->waiting_on = rank_field(o, "waiting_on");
 	c->waiting_ms = num_field(o, "waiting_ms");
+	c->waiting_unacked_ms = json_is_number(json_object_get(o, "waiting_unacked_ms"))
+	                                ? num_field(o, "waiting_unacked_ms")
+	                                : -1;
 	if (!members_read(json_object_get(o, "members"), c))
 		return false;
 	const json_t *a = json_object_get(o, "entries");

@@ -272,6 +272,48 @@ START_TEST(link_cycle)
 }
 END_TEST
 
+/* Reports written at different times: the wait that began first is the
+ * longest, whatever waiting_ms each report says. Rank 0 began waiting on 2
+ * at NOW - 1000 (its report is 400 ms older), rank 1 on 0 at NOW - 800. */
+START_TEST(link_edge_by_start_time)
+{
+	members(3, "hostA", "hostB", "hostC");
+	report(0, 0, FRESH - 400, "executing", 2, 500, OPEN("g", "dataplane", 1000.0));
+	report(1, 0, FRESH, "executing", 0, 700, OPEN("g", "dataplane", 1400.0));
+	report(2, 0, FRESH, "executing", 1, 600, OPEN("g", "dataplane", 1400.0));
+	classify(0);
+	ck_assert_uint_eq(n_culprits(), 1);
+	culprit_is(0, 2, "link", "running");
+	ck_assert_int_eq(json_integer_value(json_object_get(culprit(0), "peer_rank")), 0);
+}
+END_TEST
+
+/* A link slowed to a trickle: every rank of the ring blocks at the same
+ * moment, but only rank 2's liveness probe to rank 1's host goes
+ * unacknowledged. That edge is named, though rank 0's wait began first. */
+START_TEST(link_edge_by_unacked_probe)
+{
+	members(3, "hostA", "hostB", "hostC");
+	report(0, 0, FRESH, "executing", 2, 700, OPEN("g", "dataplane", 1200.0));
+	report(1, 0, FRESH, "executing", 0, 600, OPEN("g", "dataplane", 1200.0));
+	report_text(2, "{\"rank\":2,\"round\":1,\"time_ms\":1733570009900,\"comms\":[{"
+	               "\"label\":\"job\",\"activity\":\"executing\",\"waiting_on\":1,"
+	               "\"waiting_ms\":600,\"waiting_unacked_ms\":450,\"entries\":[" OPEN(
+	                       "g", "dataplane", 1200.0) "]}]}");
+	classify(0);
+	ck_assert_uint_eq(n_culprits(), 1);
+	culprit_is(0, 1, "link", "running");
+	ck_assert_int_eq(json_integer_value(json_object_get(culprit(0), "peer_rank")), 2);
+	ck_assert_ptr_nonnull(
+	        strstr(text("summary"), "its liveness probe to hostB has waited 450 ms"));
+	/* Below RDZV_DIAG_UNACKED_MS it is an edge like the others. */
+	rdzv_diag_report_fini(&rep[2]);
+	report(2, 0, FRESH, "executing", 1, 600, OPEN("g", "dataplane", 1200.0));
+	classify(0);
+	culprit_is(0, 2, "link", "running");
+}
+END_TEST
+
 /* Two ranks on two hosts each waiting on the other are a link, even while
  * another rank has not submitted. */
 START_TEST(two_cycle_across_hosts)
@@ -316,6 +358,28 @@ START_TEST(lost_transfer_is_a_link)
 	classify(0);
 	ck_assert_uint_eq(n_culprits(), 1);
 	culprit_is(0, 0, "not_submitted", "running");
+}
+END_TEST
+
+/* The same loss seen from the other side: rank 0 completed step.16 and
+ * negotiates step.17; rank 1 still waits in step.16 for its data, and rank 2
+ * waits on rank 1. */
+START_TEST(lost_transfer_to_a_waiting_rank)
+{
+	members(3, "hostA", "hostB", "hostC");
+	report(0, 0, FRESH, "negotiating", -1, 0,
+	       DONE("step.16") "," OPEN("step.17", "submitted", 1400.0));
+	report(1, 0, FRESH, "executing", 0, 1400, OPEN("step.16", "dataplane", 1500.0));
+	report(2, 0, FRESH, "executing", 1, 1390, OPEN("step.16", "dataplane", 1500.0));
+	classify(0);
+	ck_assert_uint_eq(n_culprits(), 1);
+	culprit_is(0, 0, "link", "running");
+	ck_assert_int_eq(json_integer_value(json_object_get(culprit(0), "peer_rank")), 1);
+	ck_assert_str_eq(
+	        text("summary"),
+	        "a link between hostA and hostB: rank 1 (hostB) has waited 1400 ms in "
+	        "allreduce 'step.16' for data from rank 0 (hostA), which completed it: what "
+	        "it sent did not arrive");
 }
 END_TEST
 
@@ -493,7 +557,10 @@ static Suite *server_diag_suite(void)
 	tcase_add_test(tc, dead_rank);
 	tcase_add_test(tc, link_cycle);
 	tcase_add_test(tc, two_cycle_across_hosts);
+	tcase_add_test(tc, link_edge_by_start_time);
+	tcase_add_test(tc, link_edge_by_unacked_probe);
 	tcase_add_test(tc, lost_transfer_is_a_link);
+	tcase_add_test(tc, lost_transfer_to_a_waiting_rank);
 	tcase_add_test(tc, never_blames_itself);
 	tcase_add_test(tc, mismatch);
 	tcase_add_test(tc, missing_reports);

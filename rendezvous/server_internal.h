@@ -245,7 +245,8 @@ struct rdzv_diag_comm {
 	const char *label, *activity;
 	int waiting_on; /* global rank its data plane waits for; -1 none */
 	double waiting_ms;
-	int *members; /* global ranks; NULL when not given */
+	double waiting_unacked_ms; /* the liveness probe to waiting_on's host; -1: unknown */
+	int *members;              /* global ranks; NULL when not given */
 	int n_members;
 	struct rdzv_diag_entry *entries; /* oldest first */
 	int n_entries;
@@ -301,6 +302,10 @@ struct rdzv_diag_input {
 };
 
 #define RDZV_DIAG_ANSWER_MS 500
+/* A wait whose peer's host has left the waiter's liveness probe without an
+ * acknowledgement this long (a probe beat is 200 ms; a live path answers in
+ * well under one) is on a path that stopped answering or all but stalled. */
+#define RDZV_DIAG_UNACKED_MS 200
 
 /* The diagnosis document of docs/rendezvous.md; NULL without memory. */
 json_t *rdzv_diag_classify(const struct rdzv_diag_input *in);
