@@ -6,7 +6,7 @@
 #   kolo-netns.sh addr I                                print host I's address ("br" too)
 #   kolo-netns.sh link I up|down                        connect / cut host I's link
 #   kolo-netns.sh block I J on|off                      drop / pass traffic between hosts I and J
-#   kolo-netns.sh rate I MBIT|RATEkbit|off              shape / unshape host I's link (both ways)
+#   kolo-netns.sh rate I MBIT|NUMkbit|off               shape / unshape host I's link to hosts
 #   kolo-netns.sh list                                  print the hosts and their addresses
 #   kolo-netns.sh down [--prefix NAME]                  remove everything (idempotent)
 #
@@ -19,8 +19,10 @@
 # Every veth is created directly inside its namespace, so names never clash with the root's.
 #
 # --rate MBIT shapes each host's link in both directions with tc tbf: the host-side eth0
-# egress (host -> bridge) and the bridge-side vhI egress (bridge -> host). `rate I` does the
-# same for one host at any time (whole Mbit/s, or e.g. 8kbit for a link that all but stalls);
+# egress (host -> bridge) and the bridge-side vhI egress (bridge -> host). `rate I` shapes one
+# host's link at any time (whole Mbit/s, or e.g. 8kbit for a link that all but stalls), in both
+# directions, for its traffic with the other hosts only: what it exchanges with the bridge's
+# address (a rendezvous there) passes unshaped, as over a separate management network.
 # `rate I off` removes the shaping.
 #
 # Host names: `exec I` runs CMD in a new UTS namespace whose host name is "hI" (so
@@ -226,6 +228,22 @@ cmd_block() {
 	done
 }
 
+shape_data() { # shape_data NS DEV KBIT src|dst: shape, but the bridge's address passes
+	local ns=$1 dev=$2 kbit=$3 dir=$4
+	local burst=$((kbit * 1000 / 8 / 100))
+	[ "$burst" -lt 65536 ] && burst=65536
+	# htb: class 1:20 is shaped and takes every IP packet but those of the bridge's address;
+	# they and ARP go to 1:10, which has the line rate.
+	local tc="ip netns exec $ns tc"
+	$tc qdisc replace dev "$dev" root handle 1: htb default 10
+	$tc class replace dev "$dev" parent 1: classid 1:10 htb rate 10gbit quantum 65536
+	$tc class replace dev "$dev" parent 1: classid 1:20 htb rate "${kbit}kbit" \
+		ceil "${kbit}kbit" burst "$burst" cburst "$burst" quantum 1514
+	$tc filter replace dev "$dev" parent 1: protocol ip prio 1 u32 \
+		match ip "$dir" "$(addr_of br)/32" flowid 1:10
+	$tc filter replace dev "$dev" parent 1: protocol ip prio 2 u32 match u32 0 0 flowid 1:20
+}
+
 cmd_rate() {
 	[ $# -eq 2 ] || usage
 	[[ $1 =~ ^[0-9]+$ ]] || die "rate takes a host number"
@@ -246,8 +264,8 @@ cmd_rate() {
 		die "rate takes whole Mbit/s, NUMkbit or off"
 	fi
 	[ "$kbit" -ge 1 ] || die "rate must be at least 1kbit"
-	shape "$ns" eth0 "$kbit"
-	shape "$br" "vh$1" "$kbit"
+	shape_data "$ns" eth0 "$kbit" dst
+	shape_data "$br" "vh$1" "$kbit" src
 }
 
 cmd_list() {

@@ -10,7 +10,11 @@ fault at step --at and reports {"ev": "fault"} first:
   hang  it blocks before step.<at> (a data loader that never returns);
   slow  a straggler: it computes --delay-ms longer than the others before
         every step, from the start, and the job runs for --seconds.
-control injects nothing and runs for --seconds."""
+control injects nothing and runs for --seconds.
+--elements sets the float32 elements per allreduce (a fault injected from
+outside, on network-namespace hosts, then hits a transfer in flight), and
+--progress reports {"ev": "step", "step"} after each step. A failed allreduce
+reports {"ev": "failed", "step", "error"} before the worker exits."""
 
 import argparse
 import os
@@ -34,6 +38,8 @@ def main():
     ap.add_argument("--at", type=int, default=20)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--delay-ms", type=float, default=20.0)
+    ap.add_argument("--elements", type=int, default=N)
+    ap.add_argument("--progress", action="store_true")
     a = ap.parse_args()
     kolo.init()
     rank, size = kolo.rank(), kolo.size()
@@ -52,13 +58,19 @@ def main():
                 threading.Event().wait(600)
             else:
                 step += 1
-        x = np.full(N, float(rank + 1) * (step + 1), dtype=np.float32)
+        x = np.full(a.elements, float(rank + 1) * (step + 1), dtype=np.float32)
         x[0] = 1.0 if rank == 0 and time.monotonic() - start > a.seconds else 0.0
-        out = arrays.allreduce(x, name=f"step.{step}", op="sum").wait()
+        try:
+            out = arrays.allreduce(x, name=f"step.{step}", op="sum").wait()
+        except Exception as e:
+            report({"ev": "failed", "step": step, "error": str(e)})
+            raise
         want = np.float64(size * (size + 1) / 2) * (step + 1)
         if not np.allclose(out[1:].astype(np.float64), want, rtol=1e-6):
             report({"ev": "wrong", "step": step, "got": float(out[1]), "want": float(want)})
             raise SystemExit(1)
+        if a.progress:
+            report({"ev": "step", "step": step})
         step += 1
         if out[0] >= 1.0:
             break
