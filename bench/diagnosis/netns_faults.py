@@ -102,6 +102,7 @@ class Job:
                     "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"})
         cmd = [a.python, os.path.join(WORKERS, "diag_worker.py"), "--mode", "control",
                "--seconds", "100000", "--elements", str(a.elements), "--progress"]
+        self.name = name
         self.events, self.lines = queue.Queue(), []
         self.procs = [subprocess.Popen([NETNS, "--prefix", ctx.prefix, "exec", str(h), *cmd],
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -196,6 +197,16 @@ def fault_trial(ctx, i, kind, rng):
             if d["culprits"] or t > limit:
                 break
             time.sleep(0.05)  # the poll's pace; the server answers at once
+        if a.doctor and d["culprits"]:
+            # What a user would see, once the op is as old as kolo-doctor's (the server's
+            # default) min_ms, 1000 ms; no new request: a killed host would hold it back.
+            while time.monotonic() - t0 < 3 and not ctx.call(path.split("?")[0])["stalled"]:
+                time.sleep(0.02)
+            doc = subprocess.run([os.path.join(a.bin, "kolo-doctor"), ctx.url, job.name,
+                                  "--no-request"], stdout=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, KOLO_TOKEN_FILE=ctx.token))
+            print(f"$ kolo-doctor {ctx.url} {job.name} --no-request\n{doc.stdout}"
+                  f"exit status {doc.returncode}", flush=True)
         while job.pump(0.05):  # the workers' errors so far
             pass
         ok = bool(d["culprits"]) and right(kind, d["culprits"], victim, peer)
@@ -298,6 +309,8 @@ def main():
     ap.add_argument("--control-seconds", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--doctor", action="store_true",
+                    help="print kolo-doctor's answer once a fault is named")
     ap.add_argument("--bin", default=os.environ.get("KOLO_BIN", os.path.join(ROOT, "build", "bin")))
     ap.add_argument("--python", default=sys.executable, help="the workers' interpreter")
     ap.add_argument("--inside", help=argparse.SUPPRESS)  # the prefix, in the bridge namespace
