@@ -349,6 +349,8 @@ kolo_status_t kolo_flight_render(const struct kolo_flight_identity *id, int max_
 	        &t, ",\"pid\":%ld,\"gen\":%llu,\"time_ms\":%llu,\"reason\":", (long)getpid(),
 	        (unsigned long long)id->gen, (unsigned long long)(kolo_wall_us() / 1000));
 	json_str(&t, id->reason ? id->reason : "");
+	if (id->peers)
+		kolo_metrics_text_add(&t, ",\"peers\":%s", id->peers);
 	kolo_metrics_text_add(&t, ",\"comms\":[");
 	pthread_mutex_lock(&reg_lock);
 	int i = 0;

@@ -120,6 +120,7 @@ struct kolo_flight_identity {
 	const char *host, *job;
 	uint64_t gen; /* the diagnosis request answered, 0: none */
 	const char *reason;
+	const char *peers; /* a JSON array of the host's other ranks' processes, or NULL */
 };
 kolo_status_t kolo_flight_render(const struct kolo_flight_identity *id, int max_entries, char **out,
                                  size_t *len);

@@ -52,11 +52,73 @@ static const char *host_of(const struct diag *d, int r)
 	return m->report && m->report->host[0] ? m->report->host : "?";
 }
 
+/* A report is a witness of a rank's process when it is this recent. */
+#define WITNESS_MS 3000
+
+/* What a rank on r's host saw of r's process in its newest recent report;
+ * -1 when no such report says. The witness in *who. */
+static int seen_proc(const struct diag *d, int r, int *who)
+{
+	int best = -1;
+	int64_t newest = d->in->now_ms - WITNESS_MS;
+	for (int q = 0; q < d->n; q++) {
+		const struct rdzv_diag_report *rep = d->in->m[q].report;
+		if (q == r || !rep || rep->time_ms < newest || !strcmp(host_of(d, r), "?") ||
+		    strcmp(host_of(d, q), host_of(d, r)))
+			continue;
+		for (int i = 0; i < rep->n_peers; i++) {
+			if (rep->peers[i].rank == r) {
+				best = (int)rep->peers[i].state;
+				newest = rep->time_ms;
+				*who = q;
+			}
+		}
+	}
+	return best;
+}
+
+/* What the liveness probes of the ranks waiting on r say of r's host: 1
+ * unanswered for RDZV_DIAG_UNACKED_MS (*ms), 0 answering while a rank has
+ * waited on r for a second, -1 unknown. The prober in *who. */
+static int probe_says(const struct diag *d, int r, int *who, double *ms)
+{
+	int says = -1;
+	for (int q = 0; q < d->n; q++) {
+		const struct rdzv_diag_report *rep = d->in->m[q].report;
+		if (q == r || !rep || rep->time_ms < d->in->now_ms - WITNESS_MS)
+			continue;
+		for (int i = 0; i < rep->n_comms; i++) {
+			const struct rdzv_diag_comm *c = &rep->comms[i];
+			if (c->waiting_on != r || c->waiting_unacked_ms < 0)
+				continue;
+			if (c->waiting_unacked_ms >= RDZV_DIAG_UNACKED_MS) {
+				*who = q;
+				*ms = c->waiting_unacked_ms;
+				return 1;
+			}
+			if (c->waiting_ms >= 1000 && says < 0) {
+				says = 0;
+				*who = q;
+			}
+		}
+	}
+	return says;
+}
+
 static const char *process_of(const struct diag *d, int r)
 {
 	if (!d->in->m[r].registered)
 		return "gone";
-	return d->stale_hb[r] || d->silent[r] ? "not_responding" : "running";
+	int who;
+	double ms;
+	int seen = seen_proc(d, r, &who);
+	if (seen == RDZV_PROC_STOPPED)
+		return "stopped";
+	if (seen == RDZV_PROC_GONE)
+		return "gone";
+	if (seen == RDZV_PROC_RUNNING || !(d->stale_hb[r] || d->silent[r]))
+		return "running";
+	return probe_says(d, r, &who, &ms) == 1 ? "unreachable" : "not_responding";
 }
 
 static const struct rdzv_diag_comm *comm_of(const struct rdzv_diag_report *rep, const char *label)
@@ -241,16 +303,46 @@ static void unresponsive(struct diag *d, const struct stall *s, int r)
 {
 	const struct rdzv_diag_member *m = &d->in->m[r];
 	char why[512], detail[1024];
+	int who = -1, seen = seen_proc(d, r, &who), probe = -1;
+	double ms = 0;
+	if (seen < 0)
+		probe = probe_says(d, r, &who, &ms);
 	if (!m->registered)
 		snprintf(why, sizeof(why), "is no longer a member of round %lld (%s)",
 		         (long long)d->in->round,
 		         m->gone_why ? m->gone_why : "it left or was evicted");
+	else if (seen == RDZV_PROC_STOPPED)
+		snprintf(why, sizeof(why),
+		         "is stopped: rank %d on the same host sees its process in state T "
+		         "(SIGSTOP, "
+		         "a debugger or job control)",
+		         who);
+	else if (seen == RDZV_PROC_GONE)
+		snprintf(why, sizeof(why),
+		         "is dead: rank %d on the same host no longer finds its process", who);
+	else if (seen == RDZV_PROC_RUNNING)
+		snprintf(why, sizeof(why),
+		         "sent no report since the op began, though rank %d on the same host sees "
+		         "its "
+		         "process running: it is hung, or cannot reach the rendezvous",
+		         who);
+	else if (probe == 1)
+		snprintf(why, sizeof(why),
+		         "is unreachable: its host has not acknowledged rank %d's liveness probe "
+		         "for "
+		         "%.0f ms (the host or its network is down)",
+		         who, ms);
 	else if (d->stale_hb[r])
 		snprintf(why, sizeof(why), "does not respond: its last heartbeat was %lld ms ago",
 		         (long long)m->heartbeat_ms);
 	else if (m->ignored)
 		snprintf(why, sizeof(why), "sent no usable report since the op began (%s)",
 		         m->ignored);
+	else if (probe == 0)
+		snprintf(why, sizeof(why),
+		         "sent no report since the op began while its host answers rank %d's "
+		         "liveness probe: the process is stopped or hung",
+		         who);
 	else
 		snprintf(why, sizeof(why),
 		         "sent no report since the op began (stopped, hung or unreachable: its "
@@ -261,7 +353,8 @@ static void unresponsive(struct diag *d, const struct stall *s, int r)
 	else
 		snprintf(detail, sizeof(detail), "%s; %s wait on it in %s '%s'", why, s->waiters,
 		         s->op, s->name);
-	culprit_add(d, r, m->registered ? "unresponsive" : "dead", detail, NULL);
+	culprit_add(d, r, m->registered && seen != RDZV_PROC_GONE ? "unresponsive" : "dead", detail,
+	            NULL);
 }
 
 /* A silent rank that may still answer: registered, heartbeats arriving,

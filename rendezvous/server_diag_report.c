@@ -128,6 +128,34 @@ static bool comms_read(const json_t *a, struct rdzv_diag_report *r)
 	return true;
 }
 
+/* "peers": [{"rank": r, "state": "running"|"stopped"|"gone"}, ...]; other
+ * states and malformed items are skipped. */
+static bool peers_read(const json_t *a, struct rdzv_diag_report *r)
+{
+	static const char *const names[] = {[RDZV_PROC_RUNNING] = "running",
+	                                    [RDZV_PROC_STOPPED] = "stopped",
+	                                    [RDZV_PROC_GONE] = "gone"};
+	size_t n = json_array_size(a);
+	if (n == 0)
+		return true;
+	r->peers = calloc(n, sizeof(*r->peers));
+	if (!r->peers)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		const json_t *o = json_array_get(a, i);
+		int rank = json_is_object(o) ? rank_field(o, "rank") : -1;
+		const char *st = json_is_object(o) ? str_field(o, "state") : "";
+		for (int k = 0; rank >= 0 && k < (int)KOLO_ARRAY_SIZE(names); k++) {
+			if (strcmp(st, names[k]) == 0) {
+				r->peers[r->n_peers++] =
+				        (struct rdzv_diag_peer){rank, (enum rdzv_diag_proc)k};
+				break;
+			}
+		}
+	}
+	return true;
+}
+
 kolo_status_t rdzv_diag_report_parse(const char *text, size_t len, struct rdzv_diag_report *out,
                                      char *err, size_t errsize)
 {
@@ -152,7 +180,8 @@ kolo_status_t rdzv_diag_report_parse(const char *text, size_t len, struct rdzv_d
 	out->time_ms = int_field(out->root, "time_ms", 0);
 	out->host = str_field(out->root, "host");
 	out->worker_id = str_field(out->root, "worker_id");
-	if (!comms_read(json_object_get(out->root, "comms"), out)) {
+	if (!comms_read(json_object_get(out->root, "comms"), out) ||
+	    !peers_read(json_object_get(out->root, "peers"), out)) {
 		snprintf(err, errsize, "out of memory");
 		rdzv_diag_report_fini(out);
 		return KOLO_ENOMEM;
@@ -167,6 +196,7 @@ void rdzv_diag_report_fini(struct rdzv_diag_report *r)
 		free(r->comms[i].entries);
 	}
 	free(r->comms);
+	free(r->peers);
 	json_decref(r->root);
 	memset(r, 0, sizeof(*r));
 	r->rank = -1;

@@ -524,6 +524,80 @@ START_TEST(silent_rank_gets_time_to_answer)
 }
 END_TEST
 
+/* Rank 3, on rank 2's host, says what it sees of rank 2's process
+ * ("peers"); the others wait in negotiation. */
+static void witnessed(const char *state)
+{
+	char t[1024];
+	for (int r = 0; r < 4; r++)
+		rdzv_diag_report_fini(&rep[r]);
+	members(4, "a", "a", "b", "b");
+	for (int r = 0; r < 2; r++)
+		report(r, 1, FRESH, "negotiating", -1, 0, OPEN("s", "submitted", 3000.0));
+	snprintf(t, sizeof(t),
+	         "{\"rank\":3,\"round\":1,\"host\":\"b\",\"time_ms\":%lld,\"peers\":[{\"rank\":2,"
+	         "\"state\":\"%s\"},{\"rank\":\"x\"},7],\"comms\":[{\"label\":\"job\","
+	         "\"activity\":\"negotiating\",\"waiting_on\":-1,\"entries\":[" OPEN(
+	                 "s", "submitted", 3000.0) "]}]}",
+	         (long long)FRESH, state);
+	report_text(3, t);
+	ck_assert_ptr_nonnull(mem[3].report);
+	classify(0);
+	ck_assert_uint_eq(n_culprits(), 1);
+}
+
+START_TEST(stopped_running_or_gone_seen_on_its_host)
+{
+	witnessed("stopped");
+	culprit_is(0, 2, "unresponsive", "stopped");
+	ck_assert_ptr_nonnull(strstr(text("summary"), "is stopped: rank 3 on the same host sees"));
+	witnessed("running");
+	culprit_is(0, 2, "unresponsive", "running");
+	ck_assert_ptr_nonnull(
+	        strstr(text("summary"), "it is hung, or cannot reach the rendezvous"));
+	witnessed("gone");
+	culprit_is(0, 2, "dead", "gone");
+	witnessed("sleeping"); /* a state it does not know: no witness */
+	culprit_is(0, 2, "unresponsive", "not_responding");
+	/* A witness from another host is none. */
+	witnessed("stopped");
+	mem[3].host = "c";
+	rep[3].host = "c";
+	classify(0);
+	culprit_is(0, 2, "unresponsive", "not_responding");
+}
+END_TEST
+
+/* One rank per host: the probe of a rank waiting on the silent one tells an
+ * unreachable host from a live host whose process says nothing. */
+START_TEST(unreachable_or_alive_by_the_probe)
+{
+	int64_t unacked[] = {900, 0};
+	for (int i = 0; i < 2; i++) {
+		char t[1024];
+		for (int r = 0; r < 3; r++)
+			rdzv_diag_report_fini(&rep[r]);
+		members(3, "a", "b", "c");
+		report(0, 1, FRESH, "executing", 1, 1500, OPEN("g", "dataplane", 3000.0));
+		snprintf(t, sizeof(t),
+		         "{\"rank\":2,\"round\":1,\"host\":\"c\",\"time_ms\":%lld,\"comms\":[{"
+		         "\"label\":\"job\",\"activity\":\"executing\",\"waiting_on\":1,"
+		         "\"waiting_ms\":1500,\"waiting_unacked_ms\":%lld,\"entries\":[" OPEN(
+		                 "g", "dataplane", 3000.0) "]}]}",
+		         (long long)FRESH, (long long)unacked[i]);
+		report_text(2, t);
+		classify(0);
+		ck_assert_uint_eq(n_culprits(), 1);
+		culprit_is(0, 1, "unresponsive", i == 0 ? "unreachable" : "not_responding");
+		ck_assert_ptr_nonnull(
+		        strstr(text("summary"),
+		               i == 0 ? "is unreachable: its host has not acknowledged "
+		                        "rank 2's liveness probe for 900 ms"
+		                      : "while its host answers rank 2's liveness probe"));
+	}
+}
+END_TEST
+
 /* The skipper's next op may be older than the op the others wait in: the
  * stalled op is the one most ranks have open. */
 START_TEST(skipped_op_younger_than_the_next)
@@ -568,6 +642,8 @@ static Suite *server_diag_suite(void)
 	tcase_add_test(tc, process_set);
 	tcase_add_test(tc, silent_rank_gets_time_to_answer);
 	tcase_add_test(tc, skipped_op_younger_than_the_next);
+	tcase_add_test(tc, stopped_running_or_gone_seen_on_its_host);
+	tcase_add_test(tc, unreachable_or_alive_by_the_probe);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -252,6 +252,13 @@ struct rdzv_diag_comm {
 	int n_entries;
 };
 
+/* What a worker saw of another rank's process on its host (/proc). */
+enum rdzv_diag_proc { RDZV_PROC_RUNNING, RDZV_PROC_STOPPED, RDZV_PROC_GONE };
+struct rdzv_diag_peer {
+	int rank;
+	enum rdzv_diag_proc state;
+};
+
 /* A parsed diag/report/<rank>. Missing fields read as -1 / ""; extra ones
  * are ignored. */
 struct rdzv_diag_report {
@@ -261,6 +268,8 @@ struct rdzv_diag_report {
 	const char *host, *worker_id;
 	struct rdzv_diag_comm *comms;
 	int n_comms;
+	struct rdzv_diag_peer *peers; /* the ranks on its host it could see */
+	int n_peers;
 };
 
 /* Parses a report (pure). KOLO_EINVAL with the reason in err when it is not

@@ -23,11 +23,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SUBSYS         "diag"
-#define DIAG_POLL_MS   250  /* the request long poll, and the loop's pace */
-#define DIAG_REPORT_MS 500  /* reports while stalled, at most this often */
-#define DIAG_ENTRIES   32   /* entries per comm in a report */
-#define DIAG_DEADLINE  2000 /* the reporter's retry budget per request */
+#define SUBSYS          "diag"
+#define DIAG_POLL_MS    250  /* the request long poll, and the loop's pace */
+#define DIAG_REPORT_MS  500  /* reports while stalled, at most this often */
+#define DIAG_ENTRIES    32   /* entries per comm in a report */
+#define DIAG_DEADLINE   2000 /* the reporter's retry budget per request */
+#define DIAG_PUBLISH_MS 20   /* the loop's pace until this process is published */
 
 static struct {
 	pthread_mutex_t lock;
@@ -109,7 +110,12 @@ static void report(uint64_t gen, const char *reason)
 	size_t len;
 	struct kolo_flight_identity id;
 	identity(&id, gen, reason, host, job);
-	if (id.rank < 0 || kolo_flight_render(&id, DIAG_ENTRIES, &body, &len) != KOLO_OK)
+	char *peers = kolo_runtime_diag_peers_json(D.rdzv);
+	id.peers = peers;
+	kolo_status_t st =
+	        id.rank < 0 ? KOLO_EINVAL : kolo_flight_render(&id, DIAG_ENTRIES, &body, &len);
+	free(peers);
+	if (st != KOLO_OK)
 		return;
 	snprintf(key, sizeof(key), "diag/report/%d", id.rank);
 	if (kolo_rdzv_kv_put(D.rdzv, key, body, len) != KOLO_OK)
@@ -117,13 +123,13 @@ static void report(uint64_t gen, const char *reason)
 	free(body);
 }
 
-/* Waits up to DIAG_POLL_MS for request gen (true: it exists), or for the
- * pipe when there is no rendezvous. */
-static bool wait_request(uint64_t gen)
+/* Waits up to poll_ms for request gen (true: it exists), or for the pipe
+ * when there is no rendezvous. */
+static bool wait_request(uint64_t gen, int poll_ms)
 {
 	if (!D.rdzv) {
 		struct pollfd p = {.fd = D.pipe[0], .events = POLLIN};
-		poll(&p, 1, DIAG_POLL_MS);
+		poll(&p, 1, poll_ms);
 		return false;
 	}
 	char key[64];
@@ -131,13 +137,13 @@ static bool wait_request(uint64_t gen)
 	void *data = NULL;
 	size_t len = 0;
 	uint64_t t0 = kolo_now_ns();
-	kolo_status_t st = kolo_rdzv_kv_get(D.rdzv, key, DIAG_POLL_MS, &data, &len);
+	kolo_status_t st = kolo_rdzv_kv_get(D.rdzv, key, poll_ms, &data, &len);
 	free(data);
 	/* An unreachable server fails at once: pace the loop anyway. */
 	uint64_t spent_ms = (kolo_now_ns() - t0) / 1000000u;
-	if (st != KOLO_OK && st != KOLO_ENOTFOUND && spent_ms < DIAG_POLL_MS) {
+	if (st != KOLO_OK && st != KOLO_ENOTFOUND && spent_ms < (uint64_t)poll_ms) {
 		struct pollfd p = {.fd = D.pipe[0], .events = POLLIN};
-		poll(&p, 1, (int)(DIAG_POLL_MS - spent_ms));
+		poll(&p, 1, (int)((uint64_t)poll_ms - spent_ms));
 	}
 	return st == KOLO_OK;
 }
@@ -180,7 +186,11 @@ static void *diag_main(void *arg)
 	bool stalled = false;
 	double threshold_s = (double)kolo_param_int(KOLO_P_DIAG_THRESHOLD_MS) / 1000.0;
 	while (!atomic_load(&D.stop)) {
-		bool asked = wait_request(gen);
+		/* Soon after a new identity: this process's pid is published
+		 * within DIAG_PUBLISH_MS, before it can be stopped. */
+		bool asked = wait_request(gen, D.rdzv && !kolo_runtime_diag_peers_publish(D.rdzv)
+		                                       ? DIAG_PUBLISH_MS
+		                                       : DIAG_POLL_MS);
 		char b[16];
 		ssize_t n = read(D.pipe[0], b, sizeof(b));
 		if (n > 0 && memchr(b, 1, (size_t)n)) /* 1: SIGUSR1; 0: the stop's wake-up */
@@ -270,6 +280,7 @@ void kolo_runtime_diag_identity(const struct kolo_comm *comm)
 		D.round = a->round;
 		snprintf(D.host, sizeof(D.host), "%s", comm->host);
 		snprintf(D.job, sizeof(D.job), "%s", comm->job);
+		kolo_runtime_diag_peers_set(comm);
 	}
 	pthread_mutex_unlock(&D.lock);
 }

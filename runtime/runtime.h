@@ -93,6 +93,14 @@ void kolo_runtime_diag_start(struct kolo_comm *comm);
 void kolo_runtime_diag_stop(struct kolo_comm *comm);
 void kolo_runtime_diag_identity(const struct kolo_comm *comm);
 void kolo_runtime_diag_fatal(const char *why);
+/* The reporter's view of the other ranks on its host (diag_peers.c): set
+ * with the identity; publish this process once per round and list the
+ * others' process states as a JSON array (malloc'd; NULL: none), from the
+ * reporter thread. */
+void kolo_runtime_diag_peers_set(const struct kolo_comm *comm);
+/* false while this round's first attempt is still to come */
+bool kolo_runtime_diag_peers_publish(struct kolo_rdzv_client *c);
+char *kolo_runtime_diag_peers_json(struct kolo_rdzv_client *c);
 kolo_status_t kolo_runtime_flight_json(char **out, size_t *len);
 
 /* ---- process sets (process_set.c) ------------------------------------- */

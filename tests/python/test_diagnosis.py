@@ -39,6 +39,9 @@ def test_names_the_culprit_while_it_hangs(server, mode, kind):
         assert exact, f"named {d['culprits']}, not rank 2 ({kind}) alone"
         assert d["stalled_op"]["name"] == "step.30", d["stalled_op"]
         assert sorted(d["stalled_op"]["waiting_ranks"]) == [0, 1, 3], d["stalled_op"]
+        # Its neighbours on the host see its process: stopped, or running.
+        want = "stopped" if mode == "stop" else "running"
+        assert d["culprits"][0]["process"] == want, d["culprits"]
         # The words, as an operator sees them.
         doc = subprocess.run([DOCTOR, server.url, name, "--wait-ms", "1500"],
                              capture_output=True, text=True, timeout=30,
