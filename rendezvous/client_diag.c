@@ -47,14 +47,16 @@ static kolo_status_t diag_request(struct kolo_rdzv_client *c, int64_t *n)
 }
 
 /* One GET; *json is the body (malloc'd). */
-static kolo_status_t diag_get(struct kolo_rdzv_client *c, int64_t n, char **json)
+static kolo_status_t diag_get(struct kolo_rdzv_client *c, int64_t n, int min_ms, char **json)
 {
 	struct rdzv_client_req q = {.method = "GET", .timeout_ms = RDZV_CLIENT_SHORT_REQ_MS};
-	if (n > 0)
-		snprintf(q.path, sizeof(q.path), "/v1/jobs/%s/diagnosis?request=%lld", c->job_esc,
-		         (long long)n);
-	else
-		snprintf(q.path, sizeof(q.path), "/v1/jobs/%s/diagnosis", c->job_esc);
+	int o = snprintf(q.path, sizeof(q.path), "/v1/jobs/%s/diagnosis", c->job_esc);
+	if (n > 0 && o > 0 && (size_t)o < sizeof(q.path))
+		o += snprintf(q.path + o, sizeof(q.path) - (size_t)o, "?request=%lld",
+		              (long long)n);
+	if (min_ms >= 0 && o > 0 && (size_t)o < sizeof(q.path))
+		snprintf(q.path + o, sizeof(q.path) - (size_t)o, "%cmin_ms=%d", n > 0 ? '&' : '?',
+		         min_ms);
 	struct rdzv_client_resp r = {0};
 	kolo_status_t st = rdzv_client_simple(c, &q, 200, 200, &r);
 	if (st == KOLO_OK) {
@@ -66,7 +68,7 @@ static kolo_status_t diag_get(struct kolo_rdzv_client *c, int64_t n, char **json
 	return st;
 }
 
-kolo_status_t kolo_rdzv_diagnosis(struct kolo_rdzv_client *c, bool request, int wait_ms,
+kolo_status_t kolo_rdzv_diagnosis(struct kolo_rdzv_client *c, bool request, int wait_ms, int min_ms,
                                   char **json)
 {
 	*json = NULL;
@@ -76,7 +78,7 @@ kolo_status_t kolo_rdzv_diagnosis(struct kolo_rdzv_client *c, bool request, int 
 	uint64_t end = kolo_now_ms() + (uint64_t)KOLO_MAX(wait_ms, 0);
 	for (;;) {
 		char *body = NULL;
-		kolo_status_t st = diag_get(c, n, &body);
+		kolo_status_t st = diag_get(c, n, min_ms, &body);
 		if (st != KOLO_OK) {
 			free(*json);
 			*json = NULL;

@@ -200,8 +200,10 @@ kolo_status_t kolo_rdzv_job_sizes(struct kolo_rdzv_client *c, int *min_np, int *
  * 200 ms until "complete" or wait_ms passed, and returns the last answer;
  * without, one GET of what the reports say now. Blocks at most wait_ms plus
  * one request's time (and the retry deadline while the server is down).
- * KOLO_EPROTO (with the server's text) for an unknown job. */
-kolo_status_t kolo_rdzv_diagnosis(struct kolo_rdzv_client *c, bool request, int wait_ms,
+ * min_ms >= 0: open entries younger than this are no stall (the server's
+ * default otherwise). KOLO_EPROTO (with the server's text) for an unknown
+ * job. */
+kolo_status_t kolo_rdzv_diagnosis(struct kolo_rdzv_client *c, bool request, int wait_ms, int min_ms,
                                   char **json);
 
 #endif /* KOLO_RENDEZVOUS_H */

@@ -25,19 +25,22 @@ struct options {
 	const char *url, *job;
 	bool json, request;
 	int wait_ms;
+	int min_ms;  /* -1: the server's default */
 	int watch_s; /* 0: once */
 };
 
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kolo-doctor URL JOB [--json] [--no-request] [--wait-ms N] "
-	           "[--watch SECONDS]\n"
+	           "[--min-ms N] [--watch SECONDS]\n"
 	           "  URL            the rendezvous server, http://HOST:PORT\n"
 	           "  JOB            the job id\n"
 	           "  --json         print the server's JSON document as it is\n"
 	           "  --no-request   do not ask the workers for fresh reports; judge the\n"
 	           "                 reports already there\n"
 	           "  --wait-ms N    wait up to N ms for every worker's report (default 3000)\n"
+	           "  --min-ms N     an op open less than N ms is no stall (default: the\n"
+	           "                 server's, 1000)\n"
 	           "  --watch S      diagnose again every S seconds until interrupted\n"
 	           "The token is read from KOLO_TOKEN or KOLO_TOKEN_FILE.\n"
 	           "Exit status: 0 no stall, 1 a stall was diagnosed, 2 usage or connection "
@@ -58,16 +61,17 @@ static bool parse_int(const char *s, int lo, int hi, int *out)
 /* Fills o from argv; false (after a message) on a usage error. */
 static bool parse_args(int argc, char **argv, struct options *o)
 {
-	enum { O_JSON = 256, O_NOREQ, O_WAIT, O_WATCH, O_HELP };
+	enum { O_JSON = 256, O_NOREQ, O_WAIT, O_WATCH, O_HELP, O_MIN };
 	static const struct option opts[] = {
 	        {"json", no_argument, NULL, O_JSON},
 	        {"no-request", no_argument, NULL, O_NOREQ},
 	        {"wait-ms", required_argument, NULL, O_WAIT},
 	        {"watch", required_argument, NULL, O_WATCH},
 	        {"help", no_argument, NULL, O_HELP},
+	        {"min-ms", required_argument, NULL, O_MIN},
 	        {NULL, 0, NULL, 0},
 	};
-	*o = (struct options){.request = true, .wait_ms = 3000};
+	*o = (struct options){.request = true, .wait_ms = 3000, .min_ms = -1};
 	int c;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		bool ok = true;
@@ -77,6 +81,8 @@ static bool parse_args(int argc, char **argv, struct options *o)
 			o->request = false;
 		} else if (c == O_WAIT) {
 			ok = parse_int(optarg, 0, 3600000, &o->wait_ms);
+		} else if (c == O_MIN) {
+			ok = parse_int(optarg, 0, 3600000, &o->min_ms);
 		} else if (c == O_WATCH) {
 			ok = parse_int(optarg, 1, 86400, &o->watch_s);
 		} else if (c == O_HELP || c == 'h') {
@@ -180,7 +186,7 @@ static void print_words(const json_t *doc)
 static int diagnose(struct kolo_rdzv_client *c, const struct options *o)
 {
 	char *text = NULL;
-	if (kolo_rdzv_diagnosis(c, o->request, o->wait_ms, &text) != KOLO_OK) {
+	if (kolo_rdzv_diagnosis(c, o->request, o->wait_ms, o->min_ms, &text) != KOLO_OK) {
 		fprintf(stderr, "kolo-doctor: %s\n", kolo_rdzv_client_error(c));
 		return EXIT_USAGE;
 	}

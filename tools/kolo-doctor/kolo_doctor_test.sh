@@ -60,6 +60,13 @@ check "skipped allreduce" 1 $? \
 cat "$DIR/doc"
 "$DOCTOR" "$U" j --no-request --json > "$DIR/doc" 2>&1
 check "--json" 1 $? '"kind":"not_submitted"' "$DIR/doc"
+# The ops have been open 3.2 s: with --min-ms 5000 that is no stall yet.
+"$DOCTOR" "$U" j --no-request --min-ms 5000 > "$DIR/doc" 2>&1
+check "--min-ms above the ops' age" 0 $? "no stalled collective" "$DIR/doc"
+"$DOCTOR" "$U" j --no-request --min-ms 100 > "$DIR/doc" 2>&1
+check "--min-ms below it" 1 $? "never submitted allreduce 'step.20'" "$DIR/doc"
+"$DOCTOR" "$U" j --min-ms -1 > "$DIR/doc" 2>&1
+check "bad --min-ms" 2 $? "bad value" "$DIR/doc"
 
 curl -s -X POST -H "$A" "$U/v1/jobs/j/diagnosis" > "$DIR/doc"
 check "POST makes request 2 (reports answered 1)" 0 $? '{"request":2}' "$DIR/doc"
