@@ -230,10 +230,12 @@ static void *watch_main(void *arg)
 			uint64_t now = kolo_now_ms();
 			if (!leave_at) {
 				leave_at = now + (uint64_t)e->cfg.leave_grace_ms;
-				KOLO_INFO(SUBSYS,
-				          "SIGTERM: leaving at the next commit point (at most "
-				          "%d ms)",
-				          e->cfg.leave_grace_ms);
+				KOLO_INFO(
+				        SUBSYS,
+				        "asked to leave (SIGTERM, kolo_elastic_leave or a "
+				        "preemption notice): leaving at the next commit point (at "
+				        "most %d ms)",
+				        e->cfg.leave_grace_ms);
 			} else if (now >= leave_at) {
 				pthread_mutex_lock(&e->lock);
 				e->leave_done = true;

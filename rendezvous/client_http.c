@@ -39,6 +39,11 @@ kolo_status_t rdzv_client_curl_init(struct kolo_errbuf *eb)
 	return KOLO_OK;
 }
 
+kolo_status_t kolo_rdzv_http_init(struct kolo_errbuf *eb)
+{
+	return rdzv_client_curl_init(eb);
+}
+
 void rdzv_client_resp_fini(struct rdzv_client_resp *r)
 {
 	free(r->body);

@@ -131,6 +131,10 @@ struct kolo_rdzv_hb_state {
 	kolo_status_t last;  /* status of the last heartbeat */
 };
 
+/* Initialises libcurl once per process (the clients do it themselves); for
+ * other users of libcurl in kolo, e.g. the preemption watcher. */
+kolo_status_t kolo_rdzv_http_init(struct kolo_errbuf *eb);
+
 kolo_status_t kolo_rdzv_client_create(const struct kolo_rdzv_client_config *cfg,
                                       struct kolo_rdzv_client **out, struct kolo_errbuf *eb);
 /* Stops the heartbeat and frees. Does not leave. Accepts NULL. */

@@ -164,7 +164,7 @@ KOLO_API kolo_status_t kolo_state_commit(kolo_state_t *s)
 		                      why);
 	}
 	if (mine) {
-		leave_now(s, "SIGTERM, at a commit point");
+		leave_now(s, "asked to leave (SIGTERM or a preemption notice), at a commit point");
 		return kolo_comm_fail(comm, KOLO_EMEMBERSHIP, "this worker left the job");
 	}
 	return kolo_comm_fail(comm, KOLO_EMEMBERSHIP,

@@ -4,6 +4,7 @@
  * state copies) is in elastic/; this file composes it with the ring, the
  * transport and the fusion engine. */
 #include "membership.h"
+#include "preempt.h"
 #include "fusion.h"
 #include "hybrid.h"
 #include "kolo/async.h"
@@ -81,8 +82,15 @@ static void publish_live(struct kolo_comm *comm)
 
 kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm)
 {
-	if (!kolo_param_bool(KOLO_P_ELASTIC))
+	if (!kolo_param_bool(KOLO_P_ELASTIC)) {
+		const char *pre = kolo_param_str(KOLO_P_PREEMPTION);
+		if (pre && *pre)
+			KOLO_WARN(SUBSYS,
+			          "KOLO_PREEMPTION=%s is ignored: a notice is a leave, and "
+			          "only an elastic job (KOLO_ELASTIC=1) can lose a worker",
+			          pre);
 		return KOLO_OK;
+	}
 	if (kolo_elastic_signal_install() != KOLO_OK)
 		KOLO_WARN(SUBSYS, "cannot install the SIGTERM handler; a reclaim will look like a "
 		                  "failure");
@@ -104,13 +112,27 @@ kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm)
 		return kolo_comm_fail(comm, st, "starting the elastic watcher: %s", eb.msg);
 	publish_live(comm);
 	kolo_elastic_watch(comm->elastic, comm->assignment.round, comm->assignment.rank);
+	/* Preemption notices (docs/spot.md): off unless KOLO_PREEMPTION says;
+	 * a notice is a leave at the next commit point, as SIGTERM. */
+	struct kolo_preempt_config pc;
+	if (kolo_preempt_config_load(&pc, &eb) != KOLO_OK ||
+	    kolo_preempt_create(&pc, &comm->preempt, &eb) != KOLO_OK)
+		KOLO_WARN(SUBSYS, "not watching for preemption notices: %s", eb.msg);
 	return KOLO_OK;
 }
 
 void kolo_runtime_elastic_stop(struct kolo_comm *comm)
 {
+	/* An Azure Preempt event is acknowledged once the worker is out. */
+	kolo_preempt_destroy(comm->preempt, comm->left || comm->done);
+	comm->preempt = NULL;
 	kolo_elastic_destroy(comm->elastic);
 	comm->elastic = NULL;
+}
+
+KOLO_API int kolo_elastic_preemption(char *buf, size_t len)
+{
+	return kolo_preempt_state(buf, len);
 }
 
 kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st)

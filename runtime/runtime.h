@@ -54,8 +54,9 @@ struct kolo_comm {
 	bool done;               /* training complete: kolo_finalize finishes the job */
 	bool evicted;            /* left the job as a straggler (straggler.c) */
 	struct kolo_straggler_watch *straggler; /* rank 0's eviction policy, or NULL */
-	uint64_t reform_ns[4]; /* last reform: start, torn down, assigned, connected */
-	bool metrics;          /* holds a reference on the metrics server */
+	struct kolo_preempt *preempt; /* the preemption watcher (KOLO_PREEMPTION), or NULL */
+	uint64_t reform_ns[4];        /* last reform: start, torn down, assigned, connected */
+	bool metrics;                 /* holds a reference on the metrics server */
 	/* Device collectives (device.c): NULL until the first; device_lock
 	 * guards its creation. */
 	struct kolo_device_state *device;
@@ -145,6 +146,7 @@ kolo_status_t kolo_comm_fail(struct kolo_comm *comm, kolo_status_t st, const cha
         __attribute__((format(printf, 3, 4)));
 
 struct kolo_elastic; /* elastic/ */
+struct kolo_preempt; /* elastic/preempt.h */
 
 /* Creates the transport for comm->assignment, publishes its address and
  * connects the ring (init.c; also what kolo_reform does for a new round). */

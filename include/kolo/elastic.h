@@ -82,6 +82,13 @@ KOLO_API bool kolo_elastic_evicted(const kolo_comm_t *comm);
  * does in an elastic worker. Thread-safe and async-signal-safe. */
 KOLO_API void kolo_elastic_leave(void);
 
+/* The preemption notices this process saw (KOLO_PREEMPTION, docs/spot.md):
+ * 0 none; 1 an early hint (AWS's rebalance recommendation: logged, the
+ * worker stays); 2 a notice (the worker leaves at its next commit point, as
+ * on SIGTERM). buf (may be NULL) gets one line naming the provider and the
+ * notice, e.g. "aws: spot instance-action terminate at 2026-...". */
+KOLO_API int kolo_elastic_preemption(char *buf, size_t len);
+
 /* The training function run by kolo_elastic_run: it reads the state it needs
  * (it has been synced), trains, calls kolo_state_commit() at its commit
  * points and returns the first failure of a collective or of a commit, or

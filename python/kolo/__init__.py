@@ -1155,6 +1155,17 @@ def elastic_leave() -> None:
     _lib_().kolo_elastic_leave()
 
 
+def elastic_preemption() -> tuple:
+    """The preemption notices this process saw (``KOLO_PREEMPTION``,
+    docs/spot.md): ``(kind, text)`` with kind 0 (none), 1 (an early hint such
+    as AWS's rebalance recommendation: the worker stays) or 2 (a notice: the
+    worker leaves at its next commit point); text names the provider and the
+    notice."""
+    buf = ctypes.create_string_buffer(512)
+    kind = _lib_().kolo_elastic_preemption(buf, len(buf))
+    return int(kind), buf.value.decode("utf-8", "replace")
+
+
 from .runner import run  # noqa: E402  (horovod.run)
 
 __all__ = [
@@ -1165,6 +1176,6 @@ __all__ = [
     "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
     "send_async", "recv_async", "send", "recv", "ANY_SOURCE",
     "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",
-    "elastic_leave", "elastic_done", "elastic_evicted", "EXIT_EVICTED", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
+    "elastic_leave", "elastic_preemption", "elastic_done", "elastic_evicted", "EXIT_EVICTED", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
     "run",
 ]

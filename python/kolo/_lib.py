@@ -194,6 +194,7 @@ PROTOTYPES = {
     "kolo_state_sync": (c_status, [c_state_p]),
     "kolo_state_left": (c_bool, [c_state_p]),
     "kolo_elastic_leave": (None, []),
+    "kolo_elastic_preemption": (c_int, [c_char_p, c_size_t]),
     "kolo_elastic_run": (c_status, [c_comm_p, c_state_p, c_train_fn, c_void_p]),
     "kolo_elastic_resets": (c_int, [c_comm_p]),
     "kolo_elastic_done": (None, [c_comm_p]),
