@@ -1,0 +1,145 @@
+"""An elastic worker for test_spot.py: a small regression over numpy with
+kolo.common.elastic (ObjectState), whose data depend only on the step, the
+rank and the size, so that two runs with the same membership history end
+with bitwise-equal parameters.
+
+    spot_worker.py --steps N [--step-ms MS] [--provider aws|gce|azure|k8s
+                   --emulator URL] [--leave-rank R --leave-step L]
+
+--provider: before kolo.init(), this worker asks the emulator
+(tests/spot/metadata_emulator.py) for a machine of its own and points the
+provider's endpoint at it (its standard override where the provider has one)
+with KOLO_PREEMPTION=provider: every worker watches its own machine, and
+the test raises a notice on one of them.
+--leave-rank/--leave-step: the worker of that rank calls kolo.elastic_leave()
+before the commit of that step (the same membership history without a
+notice).
+
+Reports (conftest's KOLO-RESULT lines):
+  {"ev": "start", "pid", "rank", "size", "instance"}     after init
+  {"ev": "step", "pid", "rank", "size", "step", "t0", "t1"}  every step S
+      (1-based, committed), t0/t1: time.monotonic() at its start and commit
+  {"ev": "restore", "pid"} / {"ev": "reset", "pid", "rank", "size", "step"}
+  {"ev": "left", "pid", "step", "code", "preemption": [kind, text]}
+  {"ev": "done", "pid", "rank", "size", "step", "params", "applied"}
+"applied": every step whose update is in the parameters, in order, counted
+into the committed state: each exactly once when nothing was lost or
+applied twice.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+
+from _common import report
+
+DIM, PER_RANK, LR = 8, 4, 0.05
+
+
+def configure(provider, emulator):
+    """A machine of the emulator for this worker; its endpoints in the
+    environment (read by kolo.init())."""
+    req = urllib.request.Request(emulator + "/_emulator/instances", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        inst = json.loads(r.read())
+    url = f"http://127.0.0.1:{inst['port']}"
+    env = {"KOLO_PREEMPTION": provider}
+    if provider == "aws":
+        env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = url
+    elif provider == "gce":
+        env["GCE_METADATA_HOST"] = f"127.0.0.1:{inst['port']}"
+    elif provider == "azure":
+        env["KOLO_AZURE_METADATA_ENDPOINT"] = url
+    elif provider == "k8s":
+        d = tempfile.mkdtemp(prefix="kolo-spot-sa-")
+        with open(os.path.join(d, "token"), "w") as f:
+            f.write(inst["token"] + "\n")
+        with open(os.path.join(d, "namespace"), "w") as f:
+            f.write(inst["namespace"])
+        env.update(KOLO_K8S_API=url, KOLO_K8S_TOKEN_FILE=os.path.join(d, "token"),
+                   KOLO_K8S_POD_NAME=inst["pod"])
+    os.environ.update(env)
+    return inst["port"]
+
+
+def batch(step, rank, size):
+    """This rank's examples of this step: a function of (step, rank, size)
+    only. The global batch of a step is the same whatever the size."""
+    rng = np.random.default_rng(step)
+    x = rng.standard_normal((PER_RANK * 3, DIM))
+    w = np.arange(1.0, DIM + 1.0) / DIM
+    y = x @ w + 0.5
+    return x[rank::size], y[rank::size]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--step-ms", type=float, default=0.0)
+    ap.add_argument("--provider", default="")
+    ap.add_argument("--emulator", default="")
+    ap.add_argument("--leave-rank", type=int, default=-1)
+    ap.add_argument("--leave-step", type=int, default=-1)
+    args = ap.parse_args()
+
+    instance = configure(args.provider, args.emulator) if args.provider else None
+
+    import kolo
+    from kolo.common import elastic
+
+    kolo.init()
+    report({"ev": "start", "pid": os.getpid(), "rank": kolo.rank(), "size": kolo.size(),
+            "instance": instance})
+
+    class State(elastic.ObjectState):
+        def restore(self):
+            report({"ev": "restore", "pid": os.getpid()})
+            super().restore()
+
+    state = State(params=[0.0] * (DIM + 1), step=0, applied=[])
+    state.register_reset_callbacks([lambda: report({"ev": "reset", "pid": os.getpid(),
+                                                    "rank": kolo.rank(), "size": kolo.size(),
+                                                    "step": state.step})])
+
+    @elastic.run
+    def train(state):
+        while state.step < args.steps:
+            t0 = time.monotonic()
+            s = state.step + 1
+            p = np.array(state.params)
+            x, y = batch(s, kolo.rank(), kolo.size())
+            err = x @ p[:DIM] + p[DIM] - y
+            g = np.zeros(DIM + 1)
+            g[:DIM] = x.T @ err
+            g[DIM] = err.sum()
+            if args.step_ms:
+                time.sleep(args.step_ms / 1000)  # the step's compute
+            kolo.allreduce_async(g, name="spot.grad", op="sum").wait()
+            state.params = list(p - LR * g / (PER_RANK * 3))
+            state.applied = state.applied + [s]
+            state.step = s
+            if kolo.rank() == args.leave_rank and s == args.leave_step:
+                kolo.elastic_leave()
+            state.commit()
+            report({"ev": "step", "pid": os.getpid(), "rank": kolo.rank(),
+                    "size": kolo.size(), "step": s, "t0": t0, "t1": time.monotonic()})
+
+    try:
+        train(state)
+    except SystemExit as e:
+        report({"ev": "left", "pid": os.getpid(), "step": state.step, "code": e.code,
+                "preemption": list(kolo.elastic_preemption())})
+        raise
+    report({"ev": "done", "pid": os.getpid(), "rank": kolo.rank(), "size": kolo.size(),
+            "step": state.step, "params": [float(v).hex() for v in state.params],
+            "applied": state.applied, "preemption": list(kolo.elastic_preemption())})
+    kolo.finalize()
+
+
+if __name__ == "__main__":
+    main()
