@@ -369,6 +369,7 @@ static void aws_watch(struct watcher *w)
 	struct resp r = {0};
 	while (!stopping(p)) {
 		long timeout = w->reached || !p->cfg.probe ? 5000 : PROBE_TIMEOUT_MS;
+		bool fresh = false;
 		if (!token[0] ||
 		    kolo_now_ms() - token_at > (uint64_t)(AWS_TOKEN_TTL_S - 300) * 1000) {
 			snprintf(url, sizeof(url), "%s/latest/api/token", p->aws_url);
@@ -382,6 +383,7 @@ static void aws_watch(struct watcher *w)
 			snprintf(token, sizeof(token), "%s", r.body);
 			trim(token);
 			token_at = kolo_now_ms();
+			fresh = true;
 		}
 		snprintf(hdr, sizeof(hdr), "X-aws-ec2-metadata-token: %s", token);
 		const char *h[] = {hdr, NULL};
@@ -389,6 +391,10 @@ static void aws_watch(struct watcher *w)
 		CURLcode cc = request(w, "GET", url, h, NULL, timeout, &r);
 		if (cc == CURLE_OK && r.code == 401) { /* the token expired: a new one */
 			token[0] = '\0';
+			if (!fresh)
+				continue;
+			if (!failed(w, url, "HTTP 401 with a new token")) /* not at once again */
+				break;
 			continue;
 		}
 		if (cc != CURLE_OK || (r.code != 200 && r.code != 404)) {

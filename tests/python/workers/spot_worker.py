@@ -28,8 +28,10 @@ applied twice.
 """
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import tempfile
 import time
 import urllib.request
@@ -57,6 +59,7 @@ def configure(provider, emulator):
         env["KOLO_AZURE_METADATA_ENDPOINT"] = url
     elif provider == "k8s":
         d = tempfile.mkdtemp(prefix="kolo-spot-sa-")
+        atexit.register(shutil.rmtree, d, True)
         with open(os.path.join(d, "token"), "w") as f:
             f.write(inst["token"] + "\n")
         with open(os.path.join(d, "namespace"), "w") as f:
