@@ -17,6 +17,11 @@ checked from its plain files, so the check runs without kubectl):
   - the workers are an Indexed Job with parallelism = completions, restartPolicy Never, a pod
     failure policy ignoring DisruptionTarget, a grace period for a spot leave, KOLO_HOSTNAME
     from the Downward API, and pods x -np consistent with the server's --min-np/--max-np;
+  - elastic: processes beyond --max-np are spares, whole pods of them;
+  - with KOLO_PREEMPTION=k8s (the spot overlay): the workers' own service account, its token
+    mounted (and no other pod's), a Role that may get pods and nothing more bound to it, the
+    pod's name and namespace from the Downward API, and one PodDisruptionBudget over the
+    workers with maxUnavailable 1;
   - every KOLO_* / HOROVOD_* variable exists in core/params.def; every $(VAR) is defined;
   - one image everywhere, tagged with the project version; pods non-root, read-only root
     filesystem, no privilege escalation, no service links;
@@ -169,7 +174,9 @@ def secret_mount_dir(spec, container, secret_name):
     return None, False
 
 
-def check_security(where, spec, container):
+def check_security(where, spec, container, reads_pod=False):
+    """reads_pod: the pod reads its own status (KOLO_PREEMPTION=k8s), so it
+    mounts its service account's token, and nothing else may need one."""
     psc = spec.get("securityContext", {})
     csc = container.get("securityContext", {})
     check(psc.get("runAsNonRoot") or csc.get("runAsNonRoot"), where + ": runAsNonRoot not set")
@@ -181,8 +188,41 @@ def check_security(where, spec, container):
     check("ALL" in csc.get("capabilities", {}).get("drop", []), where + ": capabilities not dropped")
     check(spec.get("enableServiceLinks") is False,
           where + ": enableServiceLinks must be false (Service env vars would use the KOLO_ prefix)")
-    check(spec.get("automountServiceAccountToken") is False,
-          where + ": automountServiceAccountToken should be false")
+    check(spec.get("automountServiceAccountToken") is (True if reads_pod else False),
+          where + ": automountServiceAccountToken should be %s"
+          % ("true (KOLO_PREEMPTION=k8s reads the pod)" if reads_pod else "false"))
+
+
+def check_reads_pod(label, by_kind, wspec, wmeta, env):
+    """KOLO_PREEMPTION=k8s: a service account of its own, bound to a Role that
+    may get pods and no more, the pod's name and namespace from the Downward
+    API, an elastic job, and a PodDisruptionBudget over the workers."""
+    sa = wspec.get("serviceAccountName")
+    if not check(sa and sa != "default", label + ": KOLO_PREEMPTION=k8s needs a service account "
+                 "of the workers' own"):
+        return
+    check(env.get("KOLO_ELASTIC", {}).get("value") in ("1", "true", "yes"),
+          label + ": KOLO_PREEMPTION needs an elastic job (KOLO_ELASTIC=1)")
+    for var, path in (("KOLO_K8S_POD_NAME", "metadata.name"),
+                      ("KOLO_K8S_NAMESPACE", "metadata.namespace")):
+        got = env.get(var, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        check(got == path, "%s: %s must come from the Downward API (%s)" % (label, var, path))
+    roles = {r["metadata"]["name"]: r for r in by_kind.get("Role", [])}
+    bound = [b["roleRef"]["name"] for b in by_kind.get("RoleBinding", [])
+             if b["roleRef"].get("kind") == "Role"
+             and any(s.get("kind") == "ServiceAccount" and s.get("name") == sa
+                     for s in b.get("subjects", []))]
+    rules = [r for name in bound for r in roles.get(name, {}).get("rules", [])]
+    check(any("pods" in r.get("resources", []) and "get" in r.get("verbs", []) for r in rules),
+          label + ": no Role bound to %s may get pods" % sa)
+    check(all(set(r.get("verbs", [])) <= {"get"} and set(r.get("resources", [])) <= {"pods"}
+              for r in rules), label + ": the workers' Role grants more than get on pods")
+    check(any(s["metadata"]["name"] == sa for s in by_kind.get("ServiceAccount", [])),
+          label + ": ServiceAccount %s is not defined" % sa)
+    pdbs = [d for d in by_kind.get("PodDisruptionBudget", [])
+            if selects(d["spec"].get("selector", {}).get("matchLabels"), wmeta.get("labels", {}))]
+    check(len(pdbs) == 1 and pdbs[0]["spec"].get("maxUnavailable") == 1,
+          label + ": a spot job needs one PodDisruptionBudget over the workers, maxUnavailable 1")
 
 
 def check_worker_metrics(label, by_kind, wc, wmeta, env, np, rmeta, rports):
@@ -360,9 +400,14 @@ def check_set(label, objs, params, version, image_name):
              and str(max_np).isdigit(), label + ": -np / --min-np / --max-np not numbers"):
         total = int(np) * int(js.get("completions", 0))
         if elastic:
-            check(int(min_np) <= total <= int(max_np) and int(min_np) < int(max_np),
-                  "%s: elastic: pods x -np = %d must lie in [--min-np %s, --max-np %s]"
+            # Processes beyond --max-np wait as spares: whole pods of them.
+            spares = total - int(max_np)
+            check(int(min_np) <= total and int(min_np) < int(max_np),
+                  "%s: elastic: pods x -np = %d must be at least --min-np %s, below --max-np %s"
                   % (label, total, min_np, max_np))
+            check(spares <= 0 or spares % int(np) == 0,
+                  "%s: pods x -np = %d exceeds --max-np %s by %d: spares must be whole pods"
+                  % (label, total, max_np, spares))
         else:
             check(int(min_np) == total == int(max_np),
                   "%s: pods x -np = %d must equal --min-np %s and --max-np %s"
@@ -372,7 +417,10 @@ def check_set(label, objs, params, version, image_name):
     vols = {v["name"]: v for v in wspec.get("volumes", [])}
     check(shm and vols.get(shm[0]["name"], {}).get("emptyDir", {}).get("medium") == "Memory",
           label + ": workers need /dev/shm as a memory emptyDir")
-    check_security(label + ": workers", wspec, wc)
+    reads_pod = "k8s" in env.get("KOLO_PREEMPTION", {}).get("value", "").split(",")
+    check_security(label + ": workers", wspec, wc, reads_pod)
+    if reads_pod:
+        check_reads_pod(label, by_kind, wspec, wmeta, env)
     if wspec.get("subdomain"):
         hs = [s for s in svcs if s["metadata"]["name"] == wspec["subdomain"]]
         check(len(hs) == 1 and hs[0]["spec"].get("clusterIP") == "None"
