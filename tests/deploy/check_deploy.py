@@ -18,6 +18,8 @@ checked from its plain files, so the check runs without kubectl):
     failure policy ignoring DisruptionTarget, a grace period for a spot leave, KOLO_HOSTNAME
     from the Downward API, and pods x -np consistent with the server's --min-np/--max-np;
   - elastic: processes beyond --max-np are spares, whole pods of them;
+  - a JobSet (deploy/kubernetes/jobset) is checked as the Deployment and Job it replaces, and
+    is what tests/deploy/make_jobset.py writes from the spot variant;
   - with KOLO_PREEMPTION=k8s (the spot overlay): the workers' own service account, its token
     mounted (and no other pod's), a Role that may get pods and nothing more bound to it, the
     pod's name and namespace from the Downward API, and one PodDisruptionBudget over the
@@ -457,6 +459,42 @@ def check_set(label, objs, params, version, image_name):
                                                                       np_["metadata"]["name"]))
 
 
+def from_jobset(label, objs):
+    """A set with a JobSet as check_set knows it: the replicated job
+    "rendezvous" as a one-replica Deployment when it runs one pod at a time
+    (Recreate's guarantee: never two servers), "workers" as the Job. The
+    JobSet's own rules are checked here: it succeeds when the workers do, its
+    pods get DNS names, each replicated job is one Job."""
+    sets = [o for o in objs if o.get("kind") == "JobSet"]
+    if not sets or not check(len(sets) == 1, label + ": more than one JobSet"):
+        return objs
+    js = sets[0]
+    spec = js.get("spec", {})
+    rj = {r.get("name"): r for r in spec.get("replicatedJobs", [])}
+    if not check(set(rj) == {"rendezvous", "workers"},
+                 label + ": the JobSet's replicated jobs must be rendezvous and workers"):
+        return objs
+    check(all(r.get("replicas") == 1 for r in rj.values()),
+          label + ": each replicated job must be one Job (replicas 1)")
+    check(spec.get("successPolicy") == {"operator": "All", "targetReplicatedJobs": ["workers"]},
+          label + ": the JobSet must succeed when the workers do (successPolicy)")
+    check(spec.get("network", {}).get("enableDNSHostnames") is True,
+          label + ": the JobSet should give its pods DNS names")
+    server = rj["rendezvous"]["template"]["spec"]
+    one = server.get("parallelism") == 1 and server.get("completions") == 1
+    check(one, label + ": the rendezvous replicated job must run one pod (never two servers)")
+    check(server["template"]["spec"].get("restartPolicy") == "OnFailure",
+          label + ": the server should restart in place (restartPolicy OnFailure)")
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": "kolo-rendezvous"},
+           "spec": {"replicas": 1 if one else None,
+                    "strategy": {"type": "Recreate"} if one else {},
+                    "template": server["template"]}}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": js["metadata"],
+           "spec": rj["workers"]["template"]["spec"]}
+    return [o for o in objs if o is not js] + [dep, job]
+
+
 RENDERED = set()
 
 
@@ -564,6 +602,7 @@ def main():
             for r in res:
                 objs += parsed.get(os.path.join(k, r), [])
             n = len(FAILS)
+            objs = from_jobset(rel + " (files)", objs)
             check_set(rel + " (files)", objs, params, version, None)
             print("%s (files): %d objects, %s" % (rel, len(objs),
                                                  "ok" if len(FAILS) == n else "FAILED"))
@@ -577,6 +616,7 @@ def main():
             label = rel + " (kustomize)"
             RENDERED.add(label)
             n = len(FAILS)
+            objs = from_jobset(label, objs)
             check_set(label, objs, params, version, image_name)
             for o in objs:
                 spec = pod_spec(o)[0] or {}
@@ -603,6 +643,13 @@ def main():
         check_dockerfile(root, dockerfile, commands)
         print("deploy/Dockerfile: %s (image runs: %s)" % ("ok" if len(FAILS) == n else "FAILED",
                                                          ", ".join(sorted(commands))))
+    if kubectl:
+        gen = subprocess.run([sys.executable, os.path.join(root, "tests", "deploy",
+                                                           "make_jobset.py"), root, "--check"],
+                             capture_output=True, text=True, timeout=120)
+        print(gen.stdout.strip())
+        check(gen.returncode == 0, "deploy/kubernetes/jobset/jobset.yaml: " +
+              (gen.stdout + gen.stderr).strip()[-300:])
     check_flags(sys.argv[2] if len(sys.argv) > 2 else None, flags_by_cmd)
     n = len(FAILS)
     check_docs(root)

@@ -26,8 +26,30 @@ except ImportError as e:
 
 VERSIONS = ["1.29.0", "1.33.0"]
 # Custom resources have no schema in the Kubernetes API: check_deploy.py checks
-# the fields kolo relies on (the Prometheus Operator's PodMonitor).
+# the fields kolo relies on (the Prometheus Operator's PodMonitor). A JobSet's
+# replicated jobs are Jobs, validated as such; its own fields are the
+# v1alpha2 API's.
 CUSTOM = ("monitoring.coreos.com/",)
+JOBSET_SPEC = {"replicatedJobs", "network", "successPolicy", "failurePolicy", "startupPolicy",
+               "suspend", "coordinator", "managedBy", "ttlSecondsAfterFinished",
+               "volumeClaimPolicies"}
+JOBSET_RJOB = {"name", "groupName", "template", "replicas", "dependsOn"}
+
+
+def as_validated(o):
+    """The objects to validate for o: a JobSet's replicated jobs as Jobs
+    (after checking the JobSet's own field names), anything else as itself."""
+    if o.get("apiVersion") != "jobset.x-k8s.io/v1alpha2":
+        return [o], []
+    errors = ["unknown JobSet field spec.%s" % k for k in o.get("spec", {}) if k not in JOBSET_SPEC]
+    jobs = []
+    for r in o.get("spec", {}).get("replicatedJobs", []):
+        errors += ["unknown field %s in replicated job %s" % (k, r.get("name"))
+                   for k in r if k not in JOBSET_RJOB]
+        jobs.append({"apiVersion": "batch/v1", "kind": "Job",
+                     "metadata": {"name": "%s-%s" % (o["metadata"]["name"], r.get("name"))},
+                     "spec": r.get("template", {}).get("spec", {})})
+    return jobs, errors
 
 
 def kustomizations(root):
@@ -86,8 +108,16 @@ def main():
             continue
         custom = sorted({o["kind"] for o in objs if o.get("apiVersion", "").startswith(CUSTOM)})
         objs = [o for o in objs if not o.get("apiVersion", "").startswith(CUSTOM)]
+        plain, errors = [], []
+        for o in objs:
+            got, errs = as_validated(o)
+            plain += got
+            errors += ["%s: %s" % (rel, e) for e in errs]
+        for e in errors:
+            print("FAIL: " + e)
+        failed += len(errors)
         for v in versions:
-            for o in objs:
+            for o in plain:
                 what = "%s: %s %s (Kubernetes %s)" % (rel, o.get("kind"),
                                                      o.get("metadata", {}).get("name"), v)
                 checked += 1
