@@ -52,6 +52,13 @@ struct kolo_rdzv_slot {
 /* kolo_rdzv_assign for every worker at once in O(n + hosts * max local size):
  * out[i] is worker i's slot. KOLO_ENOMEM on allocation failure. */
 kolo_status_t kolo_rdzv_assign_all(const char *const *hosts, int n, struct kolo_rdzv_slot *out);
+/* kolo_rdzv_assign_all with each worker's zone (zones[i]; "" or a NULL
+ * array: none): hosts are grouped by zone, zones in order of their first
+ * worker, hosts within a zone by their first worker, so that ranks are
+ * contiguous per zone as well as per host. A host's zone is its first
+ * worker's. With every zone empty the result is kolo_rdzv_assign_all's. */
+kolo_status_t kolo_rdzv_assign_zoned(const char *const *hosts, const char *const *zones, int n,
+                                     struct kolo_rdzv_slot *out);
 
 /* ---- server ----------------------------------------------------------- */
 
