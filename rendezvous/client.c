@@ -27,6 +27,10 @@ kolo_status_t kolo_rdzv_client_create(const struct kolo_rdzv_client_config *cfg,
 	if (!cfg->host || !cfg->host[0] || strlen(cfg->host) >= KOLO_RDZV_HOST_MAX)
 		return kolo_fail(eb, KOLO_EINVAL, "host name must be 1..%d characters",
 		                 KOLO_RDZV_HOST_MAX - 1);
+	if (cfg->zone && cfg->zone[0] && !kolo_rdzv_valid_host(cfg->zone))
+		return kolo_fail(eb, KOLO_EINVAL,
+		                 "zone \"%s\" must be empty or 1..%d characters of [A-Za-z0-9._:-]",
+		                 cfg->zone, KOLO_RDZV_HOST_MAX - 1);
 	KOLO_CHECK(rdzv_client_curl_init(eb));
 	struct kolo_rdzv_client *c = calloc(1, sizeof(*c));
 	if (!c)
@@ -41,6 +45,7 @@ kolo_status_t kolo_rdzv_client_create(const struct kolo_rdzv_client_config *cfg,
 	c->deadline_ms = cfg->deadline_ms > 0 ? cfg->deadline_ms : 60000;
 	c->rank = -1;
 	c->hb.last = KOLO_OK;
+	snprintf(c->zone, sizeof(c->zone), "%s", cfg->zone ? cfg->zone : "");
 	/* Accept "host:port" without a scheme, as pod specs often write it. */
 	const char *scheme = strstr(cfg->url, "://") ? "" : "http://";
 	size_t ul = strlen(scheme) + strlen(cfg->url) + 1;
@@ -140,6 +145,8 @@ bool rdzv_client_is_joined(struct kolo_rdzv_client *c)
 kolo_status_t rdzv_client_register(struct kolo_rdzv_client *c, CURL *h, bool heartbeat,
                                    json_t *body, struct kolo_errbuf *eb)
 {
+	if (c->zone[0])
+		json_object_set_new(body, "zone", json_string(c->zone));
 	char *text = json_dumps(body, JSON_COMPACT);
 	json_decref(body);
 	if (!text)
@@ -198,8 +205,9 @@ kolo_status_t kolo_rdzv_join(struct kolo_rdzv_client *c)
 	kolo_status_t st = rdzv_client_register(c, h, false, body, &c->err);
 	rdzv_client_handle_put(c, h);
 	if (st == KOLO_OK)
-		KOLO_INFO(RDZV_CLIENT_SUB, "joined job at %s as worker %s (host %s, lease %d ms)",
-		          c->url, c->worker_id, c->host, c->lease_ms);
+		KOLO_INFO(RDZV_CLIENT_SUB,
+		          "joined job at %s as worker %s (host %s%s%s, lease %d ms)", c->url,
+		          c->worker_id, c->host, c->zone[0] ? ", zone " : "", c->zone, c->lease_ms);
 	return st;
 }
 

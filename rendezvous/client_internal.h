@@ -39,7 +39,8 @@ struct kolo_rdzv_client {
 	char *url; /* without a trailing '/' */
 	char *job_esc;
 	char *host;
-	char *auth; /* "Authorization: Bearer ..." or NULL */
+	char zone[KOLO_RDZV_HOST_MAX]; /* "" when none */
+	char *auth;                    /* "Authorization: Bearer ..." or NULL */
 	int deadline_ms;
 	struct kolo_errbuf err;
 

@@ -41,6 +41,46 @@ static struct kolo_rdzv_client *client(const char *job, const char *host, const 
 	return c;
 }
 
+static struct kolo_rdzv_client *zone_client(const char *host, const char *zone)
+{
+	struct kolo_rdzv_client_config cfg = {
+	        .url = url, .job = "jz", .token = token, .host = host, .zone = zone};
+	struct kolo_rdzv_client *c = NULL;
+	struct kolo_errbuf eb = {{0}};
+	ck_assert_msg(kolo_rdzv_client_create(&cfg, &c, &eb) == KOLO_OK, "%s", eb.msg);
+	ck_assert_int_eq(kolo_rdzv_join(c), KOLO_OK);
+	return c;
+}
+
+/* Workers that report zones a, b, a get ranks zone by zone; the job status
+ * shows the zones. A zone that is not a host name is refused. */
+START_TEST(test_zones)
+{
+	start_server(3, 3, 10000);
+	struct kolo_rdzv_client *c[3] = {zone_client("h1", "a"), zone_client("h2", "b"),
+	                                 zone_client("h3", "a")};
+	const int want[] = {0, 2, 1};
+	for (int i = 0; i < 3; i++) {
+		struct kolo_rdzv_assignment a = {0};
+		ck_assert_int_eq(kolo_rdzv_wait_assignment(c[i], 0, 10000, &a), KOLO_OK);
+		ck_assert_int_eq(a.rank, want[i]);
+		kolo_rdzv_assignment_fini(&a);
+	}
+	char *status = NULL;
+	ck_assert_int_eq(kolo_rdzv_job_status(c[0], &status), KOLO_OK);
+	ck_assert_msg(strstr(status, "\"host\":\"h2\",\"zone\":\"b\""), "%s", status);
+	free(status);
+	for (int i = 0; i < 3; i++)
+		kolo_rdzv_client_destroy(c[i]);
+	struct kolo_rdzv_client_config bad = {
+	        .url = url, .job = "jz", .token = token, .host = "h", .zone = "a b"};
+	struct kolo_rdzv_client *x = NULL;
+	struct kolo_errbuf eb = {{0}};
+	ck_assert_int_eq(kolo_rdzv_client_create(&bad, &x, &eb), KOLO_EINVAL);
+	ck_assert_ptr_nonnull(strstr(eb.msg, "zone"));
+}
+END_TEST
+
 START_TEST(test_join_assign_leave)
 {
 	start_server(1, 1, 10000);
@@ -272,6 +312,7 @@ static Suite *client_suite(void)
 	tcase_add_checked_fixture(tc, NULL, teardown);
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_join_assign_leave);
+	tcase_add_test(tc, test_zones);
 	tcase_add_test(tc, test_wrong_token);
 	tcase_add_test(tc, test_unreachable);
 	tcase_add_test(tc, test_kv);

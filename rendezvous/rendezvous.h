@@ -106,12 +106,13 @@ kolo_status_t kolo_rdzv_parse_job_config(const char *body, size_t len,
 
 struct kolo_rdzv_join_req {
 	char host[KOLO_RDZV_HOST_MAX];
+	char zone[KOLO_RDZV_HOST_MAX];    /* "" when none */
 	char worker_id[KOLO_RDZV_ID_MAX]; /* "" when the server picks one */
 	int64_t round;                    /* -1 when not a re-registration */
 	int rank;                         /* -1 when not a re-registration */
 };
-/* Parses a POST /workers body ({"host"} required; "worker_id", "round",
- * "rank" optional, round and rank together). KOLO_EINVAL + err on error. */
+/* Parses a POST /workers body ({"host"} required; "zone", "worker_id",
+ * "round", "rank" optional, round and rank together). KOLO_EINVAL + err on error. */
 kolo_status_t kolo_rdzv_parse_join(const char *body, size_t len, struct kolo_rdzv_join_req *out,
                                    char *err, size_t errsize);
 /* Parses a POST /failures body {"round":int,"rank":int}. */
@@ -125,6 +126,7 @@ struct kolo_rdzv_client_config {
 	const char *job;
 	const char *token; /* "" or NULL: none */
 	const char *host;  /* this worker's host name */
+	const char *zone;  /* its zone or rack; "" or NULL: none */
 	int deadline_ms;   /* retry budget for an unreachable server */
 };
 

@@ -44,21 +44,30 @@ static struct rdzv_reply reply_held(void)
 	return (struct rdzv_reply){.held = true};
 }
 
+/* {"rank","worker_id","host"} of w ("rank" when rank >= 0), and "zone"
+ * when it has one. */
+static json_t *worker_json(const struct rdzv_worker *w, int rank)
+{
+	json_t *o = rank >= 0 ? json_pack("{s:i,s:s,s:s}", "rank", rank, "worker_id", w->id, "host",
+	                                  w->host)
+	                      : json_pack("{s:s,s:s}", "worker_id", w->id, "host", w->host);
+	if (o && w->zone[0])
+		json_object_set_new(o, "zone", json_string(w->zone));
+	return o;
+}
+
 static json_t *job_status(const struct rdzv_job *j)
 {
 	json_t *members = json_array(), *waiting = json_array();
 	for (int r = 0; r < j->n_ranks; r++) {
 		const struct rdzv_worker *w = j->by_rank[r];
 		if (w)
-			json_array_append_new(members,
-			                      json_pack("{s:i,s:s,s:s}", "rank", r, "worker_id",
-			                                w->id, "host", w->host));
+			json_array_append_new(members, worker_json(w, r));
 	}
 	int n;
 	struct rdzv_worker **v = rdzv_job_waiting_workers(j, &n);
 	for (int i = 0; v && i < n; i++)
-		json_array_append_new(
-		        waiting, json_pack("{s:s,s:s}", "worker_id", v[i]->id, "host", v[i]->host));
+		json_array_append_new(waiting, worker_json(v[i], -1));
 	free(v);
 	return json_pack("{s:s,s:I,s:s,s:i,s:i,s:i,s:b,s:o,s:o}", "job", j->name, "round",
 	                 (json_int_t)j->round, "state", rdzv_job_state_word(j), "min_np",

@@ -46,11 +46,12 @@
 struct rdzv_worker {
 	char id[KOLO_RDZV_ID_MAX];
 	char host[KOLO_RDZV_HOST_MAX];
-	uint64_t seq;            /* join order: smaller is older */
-	uint64_t lease_deadline; /* ms; not checked while n_polls > 0 */
-	int n_polls;             /* assignment long polls held open */
-	int rank;                /* in the current round; -1 when waiting */
-	int64_t commit_round;    /* the newest round it polled past as a member */
+	char zone[KOLO_RDZV_HOST_MAX]; /* "" when none */
+	uint64_t seq;                  /* join order: smaller is older */
+	uint64_t lease_deadline;       /* ms; not checked while n_polls > 0 */
+	int n_polls;                   /* assignment long polls held open */
+	int rank;                      /* in the current round; -1 when waiting */
+	int64_t commit_round;          /* the newest round it polled past as a member */
 	struct kolo_rdzv_slot slot;
 };
 

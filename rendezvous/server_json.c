@@ -152,6 +152,16 @@ kolo_status_t kolo_rdzv_parse_join(const char *body, size_t len, struct kolo_rdz
 		goto out;
 	}
 	snprintf(out->host, sizeof(out->host), "%s", s);
+	if ((r = get_str(o, "zone", &s, err, errsize)) < 0)
+		goto out;
+	if (r && s[0] && !kolo_rdzv_valid_host(s)) {
+		snprintf(err, errsize,
+		         "field \"zone\" must be empty or 1-%d characters of [A-Za-z0-9._:-]",
+		         KOLO_RDZV_HOST_MAX - 1);
+		goto out;
+	}
+	if (r)
+		snprintf(out->zone, sizeof(out->zone), "%s", s);
 	if ((r = get_str(o, "worker_id", &s, err, errsize)) < 0)
 		goto out;
 	if (r) {

@@ -83,6 +83,14 @@ START_TEST(test_join)
 	        PARSE_JOIN("{\"host\":\"h1\",\"worker_id\":\"w-1\",\"round\":0,\"rank\":0}", &jr),
 	        KOLO_OK);
 	ck_assert_int_eq(jr.round, -1);
+	/* zone: optional; "" or null is none */
+	ck_assert_str_eq(jr.zone, "");
+	ck_assert_int_eq(PARSE_JOIN("{\"host\":\"h1\",\"zone\":\"eu-west-1a\"}", &jr), KOLO_OK);
+	ck_assert_str_eq(jr.zone, "eu-west-1a");
+	ck_assert_int_eq(PARSE_JOIN("{\"host\":\"h1\",\"zone\":\"\"}", &jr), KOLO_OK);
+	ck_assert_str_eq(jr.zone, "");
+	ck_assert_int_eq(PARSE_JOIN("{\"host\":\"h1\",\"zone\":null}", &jr), KOLO_OK);
+	ck_assert_str_eq(jr.zone, "");
 	static const char *const bad[][2] = {
 	        {"{}", "missing field \"host\""},
 	        {"{\"host\":null}", "missing field \"host\""},
@@ -97,6 +105,8 @@ START_TEST(test_join)
 	         "\"rank\" must be in"},
 	        {"{\"host\":\"h\",\"worker_id\":\"w\",\"round\":\"1\",\"rank\":0}",
 	         "\"round\" must be an integer"},
+	        {"{\"host\":\"h\",\"zone\":1}", "\"zone\" must be a string"},
+	        {"{\"host\":\"h\",\"zone\":\"a/b\"}", "\"zone\" must be empty or"},
 	        {"not json", "malformed JSON"},
 	};
 	for (size_t i = 0; i < KOLO_ARRAY_SIZE(bad); i++) {

@@ -172,6 +172,22 @@ static size_t round_members_json(struct rdzv_worker *const *by_rank, int n, char
 	return o;
 }
 
+/* " in Z zones" when a member of by_rank[0..n) has a zone (a zone's ranks
+ * are contiguous, so Z counts the changes of zone along the ranks), else "". */
+static void round_zones_text(struct rdzv_worker *const *by_rank, int n, char *out, size_t size)
+{
+	int n_zones = 1;
+	bool any = false;
+	for (int r = 0; r < n; r++) {
+		any = any || by_rank[r]->zone[0];
+		n_zones += r > 0 && strcmp(by_rank[r]->zone, by_rank[r - 1]->zone) != 0;
+	}
+	if (any)
+		snprintf(out, size, " in %d zones", n_zones);
+	else
+		out[0] = '\0';
+}
+
 /* Installs the round whose members are v[0..n) with these slots. */
 static void round_install(struct rdzv_state *st, struct rdzv_job *j, struct rdzv_worker **v, int n,
                           const struct kolo_rdzv_slot *slots, struct rdzv_worker **by_rank,
@@ -196,10 +212,12 @@ static void round_install(struct rdzv_state *st, struct rdzv_job *j, struct rdzv
 	int n_hosts = 0;
 	for (int i = 0; i < n; i++)
 		n_hosts += slots[i].local_rank == 0;
+	char zones[64];
+	round_zones_text(by_rank, n, zones, sizeof(zones));
 	KOLO_INFO(RDZV_SUB,
-	          "job %s round %" PRId64 " formed: %d workers on %d hosts, rank 0 = %s@%s; "
+	          "job %s round %" PRId64 " formed: %d workers on %d hosts%s, rank 0 = %s@%s; "
 	          "added=[%s]; dropped=[%s]; waiting=%d",
-	          j->name, j->round, n, n_hosts, by_rank[0]->id, by_rank[0]->host, added,
+	          j->name, j->round, n, n_hosts, zones, by_rank[0]->id, by_rank[0]->host, added,
 	          j->dropped, j->n_workers - n);
 	forget_dropped(j);
 }
@@ -212,14 +230,17 @@ static void form_round(struct rdzv_state *st, struct rdzv_job *j)
 		n = j->cfg.max_np;
 	size_t n_alloc = (size_t)KOLO_MAX(n, 1);
 	const char **hosts = malloc(n_alloc * sizeof(*hosts));
+	const char **zones = malloc(n_alloc * sizeof(*zones));
 	struct kolo_rdzv_slot *slots = calloc(n_alloc, sizeof(*slots));
 	struct rdzv_worker **by_rank = calloc(n_alloc, sizeof(*by_rank));
 	size_t mj_cap = (size_t)n * (KOLO_RDZV_ID_MAX + KOLO_RDZV_HOST_MAX + MEMBER_JSON_EXTRA) + 4;
 	char *mj = malloc(mj_cap);
-	bool ok = v && hosts && slots && by_rank && mj;
-	for (int i = 0; ok && i < n; i++)
+	bool ok = v && hosts && zones && slots && by_rank && mj;
+	for (int i = 0; ok && i < n; i++) {
 		hosts[i] = v[i]->host;
-	ok = ok && kolo_rdzv_assign_all(hosts, n, slots) == KOLO_OK;
+		zones[i] = v[i]->zone;
+	}
+	ok = ok && kolo_rdzv_assign_zoned(hosts, zones, n, slots) == KOLO_OK;
 	if (ok) {
 		round_install(st, j, v, n, slots, by_rank, mj, mj_cap);
 	} else {
@@ -229,6 +250,7 @@ static void form_round(struct rdzv_state *st, struct rdzv_job *j)
 	}
 	free(v);
 	free(hosts);
+	free(zones);
 	free(slots);
 	if (ok)
 		rdzv_wait_wake_assignments(j);
@@ -535,6 +557,7 @@ static struct rdzv_worker *new_worker(struct rdzv_state *st, struct rdzv_job *j,
 		         kolo_strmap_get(&j->evicted, w->id));
 	}
 	snprintf(w->host, sizeof(w->host), "%s", jr->host);
+	snprintf(w->zone, sizeof(w->zone), "%s", jr->zone);
 	w->seq = ++j->next_seq;
 	w->rank = -1;
 	w->lease_deadline = now + (uint64_t)st->cfg.lease_ms;

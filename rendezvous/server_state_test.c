@@ -21,15 +21,22 @@ static void state_teardown(void)
 	kolo_strmap_fini(&st.jobs, rdzv_job_free);
 }
 
-static struct rdzv_worker *join_at(struct rdzv_job *j, const char *host, uint64_t now)
+static struct rdzv_worker *join_zone_at(struct rdzv_job *j, const char *host, const char *zone,
+                                        uint64_t now)
 {
 	struct kolo_rdzv_join_req jr = {.round = -1, .rank = -1};
 	snprintf(jr.host, sizeof(jr.host), "%s", host);
+	snprintf(jr.zone, sizeof(jr.zone), "%s", zone);
 	bool retry;
 	struct rdzv_worker *w = rdzv_job_join(&st, j, &jr, now, &retry);
 	ck_assert_ptr_nonnull(w);
 	ck_assert(!retry);
 	return w;
+}
+
+static struct rdzv_worker *join_at(struct rdzv_job *j, const char *host, uint64_t now)
+{
+	return join_zone_at(j, host, "", now);
 }
 
 static struct rdzv_worker *claim_at(struct rdzv_job *j, const char *id, int64_t round, int rank,
@@ -207,6 +214,33 @@ START_TEST(lease_expiry_reforms)
 }
 END_TEST
 
+/* Hosts joined zone a, b, a, b get ranks zone by zone; after a loss, the
+ * survivors keep their order and a newcomer takes its place in its zone. */
+START_TEST(zones_contiguous_and_stable)
+{
+	state_setup(4, 0, 0, 1000);
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
+	const char *host[] = {"a1", "b1", "a2", "b2"}, *zone[] = {"a", "b", "a", "b"};
+	struct rdzv_worker *w[4];
+	for (int i = 0; i < 4; i++)
+		w[i] = join_zone_at(j, host[i], zone[i], 0);
+	rdzv_job_tick(&st, j, 0);
+	ck_assert_int_eq(j->round, 1);
+	const int want1[] = {0, 2, 1, 3};
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(w[i]->rank, want1[i]);
+	st.cfg.min_np = j->cfg.min_np = 3;
+	rdzv_job_drop(j, w[2], "test", true); /* a2, rank 1 */
+	struct rdzv_worker *a3 = join_zone_at(j, "a3", "a", 0);
+	rdzv_job_tick(&st, j, 0);
+	ck_assert_int_eq(j->round, 2);
+	ck_assert_ptr_eq(j->by_rank[0], w[0]);
+	ck_assert_ptr_eq(j->by_rank[1], a3);
+	ck_assert_ptr_eq(j->by_rank[2], w[1]);
+	ck_assert_ptr_eq(j->by_rank[3], w[3]);
+}
+END_TEST
+
 /* Members that all leave gracefully end the round without an eviction on
  * the count; the job then waits. */
 START_TEST(graceful_leaves_are_counted_apart)
@@ -344,6 +378,7 @@ static Suite *server_state_suite(void)
 	tcase_add_test(tc, pending_change_waits_for_commit);
 	tcase_add_test(tc, members_past_the_round_reform);
 	tcase_add_test(tc, lease_expiry_reforms);
+	tcase_add_test(tc, zones_contiguous_and_stable);
 	tcase_add_test(tc, graceful_leaves_are_counted_apart);
 	tcase_add_test(tc, restored_round_from_claims);
 	tcase_add_test(tc, idle_jobs_forgotten);

@@ -431,6 +431,7 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	        .job = kolo_param_str(KOLO_P_JOB),
 	        .token = comm->token,
 	        .host = comm->host,
+	        .zone = kolo_param_str(KOLO_P_ZONE),
 	        .deadline_ms = (int)kolo_param_int(KOLO_P_RDZV_DEADLINE_MS),
 	};
 	if ((st = kolo_rdzv_client_create(&cc, &comm->rdzv, &comm->err)) != KOLO_OK)
