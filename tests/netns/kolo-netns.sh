@@ -2,6 +2,8 @@
 # kolo-netns.sh: test hosts made of Linux network namespaces.
 #
 #   kolo-netns.sh up N [--rate MBIT] [--prefix NAME]   create hosts h0..h(N-1)
+#          [--zones K [--zone-rate MBIT]]               ... in K zones (host I in zone I mod K)
+#   kolo-netns.sh zone I                                print host I's zone (z0, z1, ...)
 #   kolo-netns.sh exec I CMD [ARGS...]                  run CMD on host I ("br": the bridge)
 #   kolo-netns.sh addr I                                print host I's address ("br" too)
 #   kolo-netns.sh link I up|down                        connect / cut host I's link
@@ -29,6 +31,13 @@
 # gethostname() answers hI) and with KOLO_HOSTNAME=hI in its environment, so the rendezvous
 # computes local and cross ranks as it would on real machines.
 #
+# --zones K (2..16) gives each zone z its own bridge "brz" in PREFIX-br; host I is a port of
+# the bridge of zone I mod K, and the bridge of every zone z > 0 is joined to br0 by one veth
+# pair (zlz on br0's side, zbz on brz's): what crosses zones shares that link, as traffic
+# between two real zones shares their interconnect. The bridges form one L2 segment (the /24
+# and the bridge's address stay as above). --zone-rate MBIT shapes every zone link in both
+# directions, for traffic between hosts only (the rendezvous on the bridge's address passes).
+#
 # The prefix (default "kolo", or $KOLO_NETNS_PREFIX) names the namespaces, so several sets can
 # coexist (tests use a unique prefix). Needs root, iproute2 and util-linux's unshare.
 set -euo pipefail
@@ -43,7 +52,7 @@ die() {
 }
 
 usage() {
-	sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
 	exit 2
 }
 
@@ -121,7 +130,7 @@ shape() { # shape NS DEV KBIT
 
 cmd_up() {
 	[ $# -ge 1 ] || usage
-	local n=$1 rate=""
+	local n=$1 rate="" zones=1 zone_rate=""
 	shift
 	if ! [[ $n =~ ^[0-9]+$ ]] || [ "$n" -lt 1 ] || [ "$n" -gt 200 ]; then
 		die "N must be 1..200"
@@ -130,6 +139,8 @@ cmd_up() {
 		case "$1" in
 		--rate) rate=${2:-}; shift ;;
 		--prefix) prefix=${2:-}; valid_prefix "$prefix"; shift ;;
+		--zones) zones=${2:-}; shift ;;
+		--zone-rate) zone_rate=${2:-}; shift ;;
 		*) die "unknown option $1" ;;
 		esac
 		shift
@@ -138,6 +149,12 @@ cmd_up() {
 		if ! [[ $rate =~ ^[0-9]+$ ]] || [ "$rate" -lt 1 ]; then
 			die "--rate takes whole Mbit/s"
 		fi
+	fi
+	if ! [[ $zones =~ ^[0-9]+$ ]] || [ "$zones" -lt 1 ] || [ "$zones" -gt 16 ]; then
+		die "--zones takes 1..16"
+	fi
+	if [ -n "$zone_rate" ] && { ! [[ $zone_rate =~ ^[0-9]+$ ]] || [ "$zone_rate" -lt 1 ]; }; then
+		die "--zone-rate takes whole Mbit/s"
 	fi
 	[ "$(id -u)" -eq 0 ] || die "needs root"
 	[ -z "$(our_namespaces)" ] || die "namespaces with prefix '$prefix' exist; run: $prog down --prefix $prefix"
@@ -152,13 +169,14 @@ cmd_up() {
 	ip -n "$br" link add br0 type bridge
 	ip -n "$br" addr add "$(addr_of br)/24" dev br0
 	ip -n "$br" link set br0 up
+	zones_up "$br" "$zones" "$zone_rate"
 	local i ns
 	for ((i = 0; i < n; i++)); do
 		ns=$(ns_of "$i")
 		ip netns add "$ns"
 		ip -n "$ns" link set lo up
 		ip link add eth0 netns "$ns" type veth peer name "vh$i" netns "$br"
-		ip -n "$br" link set "vh$i" master br0
+		ip -n "$br" link set "vh$i" master "br$((i % zones))"
 		ip -n "$br" link set "vh$i" up
 		ip -n "$ns" addr add "$(addr_of "$i")/24" dev eth0
 		ip -n "$ns" link set eth0 up
@@ -169,6 +187,34 @@ cmd_up() {
 	done
 	built=1
 	cmd_list
+}
+
+# zones_up BRNS K ZONE_RATE: bridges br1..br(K-1), each joined to br0 by a veth pair.
+zones_up() {
+	local br=$1 k=$2 zrate=$3 z
+	for ((z = 1; z < k; z++)); do
+		ip -n "$br" link add "br$z" type bridge
+		ip -n "$br" link set "br$z" up
+		ip -n "$br" link add "zl$z" type veth peer name "zb$z"
+		ip -n "$br" link set "zl$z" master br0
+		ip -n "$br" link set "zb$z" master "br$z"
+		ip -n "$br" link set "zl$z" up
+		ip -n "$br" link set "zb$z" up
+		if [ -n "$zrate" ]; then
+			# zl egress: zone 0 -> zone z; zb egress: zone z -> zone 0
+			shape_data "$br" "zl$z" $((zrate * 1000)) src
+			shape_data "$br" "zb$z" $((zrate * 1000)) dst
+		fi
+	done
+}
+
+cmd_zone() {
+	[ $# -eq 1 ] && [[ $1 =~ ^[0-9]+$ ]] || usage
+	local master
+	master=$(ip -n "$(ns_of br)" -o link show "vh$1" 2>/dev/null |
+		sed -n 's/.* master br\([0-9]*\) .*/\1/p')
+	[ -n "$master" ] || die "no host $1"
+	echo "z$master"
 }
 
 cmd_exec() {
@@ -307,6 +353,7 @@ addr) cmd_addr "${args[@]}" ;;
 link) cmd_link "${args[@]}" ;;
 block) cmd_block "${args[@]}" ;;
 rate) cmd_rate "${args[@]}" ;;
+zone) cmd_zone "${args[@]}" ;;
 list) cmd_list ;;
 -h | --help | help) usage ;;
 *) usage ;;
