@@ -52,6 +52,14 @@ kolo_status_t kolo_elastic_state_add(struct kolo_elastic_state *s, const char *n
 void kolo_elastic_state_save(struct kolo_elastic_state *s);
 /* Copies the host copies back (restore). KOLO_EINVAL when nothing was saved. */
 kolo_status_t kolo_elastic_state_load(struct kolo_elastic_state *s);
+/* The host copies with their names, dtypes and counts in one malloc'd
+ * buffer (a durable commit, durable.h). KOLO_ENOMEM. */
+kolo_status_t kolo_elastic_state_pack(const struct kolo_elastic_state *s, void **out, size_t *len);
+/* Copies a packed registry into the registered buffers (not the host
+ * copies). KOLO_EMISMATCH, changing nothing, when its buffers are not the
+ * registered ones (names, dtypes, counts, in order). */
+kolo_status_t kolo_elastic_state_unpack(struct kolo_elastic_state *s, const void *data, size_t len,
+                                        struct kolo_errbuf *eb);
 
 /* ---- arbitration (KV keys; any thread, with its own client) -------------- */
 
