@@ -20,6 +20,8 @@ struct kolo_state {
 	struct kolo_elastic_state st;
 	bool announced; /* the last EMEMBERSHIP came from a commit point */
 	bool left;
+	int64_t commits; /* the number of the last commit, the same on every rank */
+	bool due;        /* the last commit is a durable one on this rank */
 };
 
 static bool engine_running(struct kolo_comm *comm)
@@ -106,10 +108,89 @@ KOLO_API bool kolo_state_left(const kolo_state_t *s)
 	return s && (s->left || s->comm->left);
 }
 
+KOLO_API int64_t kolo_state_commit_number(const kolo_state_t *s)
+{
+	return s ? s->commits : 0;
+}
+
+KOLO_API bool kolo_durable_due(const kolo_state_t *s)
+{
+	return s && s->due;
+}
+
+KOLO_API kolo_status_t kolo_durable_put(kolo_state_t *s, const void *data, size_t len)
+{
+	if (!s || (!data && len))
+		return KOLO_EINVAL;
+	return kolo_runtime_durable_put(s->comm, data, len, s->commits);
+}
+
+KOLO_API kolo_status_t kolo_durable_resume(kolo_state_t *s, void **data, size_t *len,
+                                           int64_t *commit)
+{
+	if (!s || !data || !len || !commit)
+		return KOLO_EINVAL;
+	*data = NULL;
+	*len = 0;
+	if (s->st.saved || s->commits > 0)
+		return KOLO_ENOTFOUND;
+	kolo_status_t st = kolo_runtime_durable_resume(s->comm, data, len, commit);
+	if (st == KOLO_OK)
+		s->commits = *commit;
+	return st;
+}
+
+/* The commit just agreed is number n: a durable one on rank 0 every
+ * KOLO_DURABLE_EVERY, written here when the state has registered buffers
+ * (a state without, Python's, puts its own payload). */
+static void commit_numbered(struct kolo_state *s, int64_t n)
+{
+	s->commits = n;
+	s->due = kolo_runtime_durable_due(s->comm, n);
+	if (!s->due || s->st.n == 0)
+		return;
+	void *data = NULL;
+	size_t len = 0;
+	if (kolo_elastic_state_pack(&s->st, &data, &len) == KOLO_OK)
+		kolo_runtime_durable_put(s->comm, data, len, n);
+	else
+		KOLO_WARN(SUBSYS, "durable commit %" PRId64 ": out of memory; not written", n);
+	free(data);
+}
+
+/* At a sync before any commit: rank 0 takes the job's durable commit into
+ * the registered buffers, which the sync then broadcasts. */
+static kolo_status_t resume_buffers(struct kolo_state *s)
+{
+	void *data;
+	size_t len;
+	int64_t commit;
+	kolo_status_t st = kolo_durable_resume(s, &data, &len, &commit);
+	if (st == KOLO_ENOTFOUND)
+		return KOLO_OK;
+	if (st != KOLO_OK)
+		return st;
+	struct kolo_errbuf eb = {{0}};
+	st = kolo_elastic_state_unpack(&s->st, data, len, &eb);
+	free(data);
+	if (st != KOLO_OK) {
+		s->commits = 0;
+		return kolo_comm_fail(s->comm, st,
+		                      "durable commit %" PRId64 " cannot be resumed: %s", commit,
+		                      eb.msg);
+	}
+	return KOLO_OK;
+}
+
 KOLO_API kolo_status_t kolo_state_sync(kolo_state_t *s)
 {
 	if (!s)
 		return KOLO_EINVAL;
+	if (s->st.n > 0) {
+		kolo_status_t st = resume_buffers(s);
+		if (st != KOLO_OK)
+			return st;
+	}
 	for (size_t i = 0; i < s->st.n; i++) {
 		struct kolo_elastic_buf *b = &s->st.bufs[i];
 		kolo_status_t st = state_bcast(s->comm, b);
@@ -134,23 +215,29 @@ KOLO_API kolo_status_t kolo_state_commit(kolo_state_t *s)
 	if (!s)
 		return KOLO_EINVAL;
 	struct kolo_comm *comm = s->comm;
+	s->due = false;
 	kolo_elastic_state_save(&s->st);
-	if (!comm->elastic)
+	if (!comm->elastic) {
+		commit_numbered(s, s->commits + 1);
 		return KOLO_OK;
+	}
 	struct kolo_rdzv_hb_state hb;
 	kolo_rdzv_heartbeat_state(comm->rdzv, &hb);
 	int64_t round = comm->assignment.round;
 	/* A heartbeat from before this round says nothing about it. flags[2]:
-	 * rank 0's straggler verdict (the rank to evict plus one). */
-	int32_t flags[3] = {
+	 * rank 0's straggler verdict (the rank to evict plus one). flags[3]: this
+	 * commit's number, the highest proposed (a joiner's count starts at 0). */
+	int32_t flags[4] = {
 	        hb.last == KOLO_OK && hb.round == round && hb.pending_change,
 	        kolo_elastic_leave_requested(),
 	        kolo_runtime_straggler_verdict(comm),
+	        (int32_t)(s->commits + 1),
 	};
 	int32_t mine = flags[1];
-	kolo_status_t st = state_max_i32(comm, flags, 3);
+	kolo_status_t st = state_max_i32(comm, flags, 4);
 	if (st != KOLO_OK)
 		return st;
+	commit_numbered(s, flags[3]);
 	if (!flags[0] && !flags[1] && !flags[2])
 		return KOLO_OK;
 	s->announced = true;

@@ -352,6 +352,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 	kolo_runtime_metrics_stop(comm);
 	kolo_runtime_diag_stop(comm);
 	kolo_runtime_elastic_stop(comm);
+	kolo_runtime_durable_stop(comm);
 	kolo_runtime_p2p_destroy(comm, KOLO_ESHUTDOWN, "the comm was freed");
 	if (comm->p2p_transport)
 		comm->p2p_transport->ops->destroy(comm->p2p_transport);
@@ -615,6 +616,8 @@ KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm)
 {
 	if (!comm)
 		return KOLO_OK;
+	/* The last durable commit on disk and recorded before the worker leaves. */
+	kolo_runtime_durable_stop(comm);
 	kolo_runtime_elastic_stop(comm);
 	/* The engine owns the ring while it runs: stop it first. */
 	kolo_engine_destroy(comm->engine);

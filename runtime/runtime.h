@@ -80,6 +80,7 @@ struct kolo_comm {
 	struct kolo_flight *flight;
 	uint64_t blocking_calls;
 	bool diag; /* holds a reference on the diagnosis thread (diag.c) */
+	struct kolo_durable_writer *durable; /* durable commits' writer (durable.c), or NULL */
 };
 
 /* ---- the flight recorder's reports (diag.c, docs/diagnosis.md) ----------
@@ -203,6 +204,22 @@ int32_t kolo_runtime_straggler_verdict(struct kolo_comm *comm);
  * the KV), into why. */
 void kolo_runtime_straggler_evicted(struct kolo_comm *comm, char *why, size_t len);
 void kolo_runtime_straggler_free(struct kolo_comm *comm);
+
+/* ---- durable commits (durable.c, docs/durable.md) ------------------------
+ * due: KOLO_DURABLE_DIR is set, this is rank 0 and commit is a multiple of
+ * KOLO_DURABLE_EVERY. put: hands a copy of the payload to the comm's writer
+ * (created at the first put), which writes it and records the commit in the
+ * rendezvous KV ("durable/commit"); a failure is logged, never fatal.
+ * resume: on rank 0, the job's durable commit when one exists (KOLO_OK,
+ * *data malloc'd), KOLO_ENOTFOUND when there is none or durable commits are
+ * off, KOLO_EINVAL (comm's error set) for a damaged file. stop: waits for
+ * the writes in progress (bounded) and frees the writer. */
+bool kolo_runtime_durable_due(const struct kolo_comm *comm, int64_t commit);
+kolo_status_t kolo_runtime_durable_put(struct kolo_comm *comm, const void *data, size_t len,
+                                       int64_t commit);
+kolo_status_t kolo_runtime_durable_resume(struct kolo_comm *comm, void **data, size_t *len,
+                                          int64_t *commit);
+void kolo_runtime_durable_stop(struct kolo_comm *comm);
 
 /* ---- the metrics endpoint (metrics_http.c) ------------------------------
  * KOLO_METRICS_LISTEN is HOST:PORT or :PORT; a worker listens on PORT plus

@@ -62,12 +62,43 @@ KOLO_API kolo_status_t kolo_state_register(kolo_state_t *state, const char *name
 KOLO_API kolo_status_t kolo_state_commit(kolo_state_t *state);
 /* Copies the last commit back into the registered buffers. Local. */
 KOLO_API kolo_status_t kolo_state_restore(kolo_state_t *state);
-/* Broadcasts every registered buffer from rank 0 and commits the result. */
+/* Broadcasts every registered buffer from rank 0 and commits the result.
+ * The first sync of a state on rank 0 takes the job's durable commit, when
+ * there is one, into the buffers first (see kolo_durable_resume). */
 KOLO_API kolo_status_t kolo_state_sync(kolo_state_t *state);
 /* true after this worker left the job at a commit point (SIGTERM or
  * kolo_elastic_leave()), or the job finished while it waited in
  * kolo_reform(); it should then finalize and exit 0. */
 KOLO_API bool kolo_state_left(const kolo_state_t *state);
+
+/* Durable commits (KOLO_DURABLE_DIR, docs/durable.md): every
+ * KOLO_DURABLE_EVERY-th commit, rank 0 writes the committed state to
+ * <dir>/kolo-<job>.state in the background; a job whose every worker was
+ * lost resumes from it. A state with registered buffers does it itself
+ * (kolo_state_commit writes them, kolo_state_sync resumes them); a state
+ * without (a binding that keeps the state itself) uses the three calls
+ * below. */
+
+/* The number of the last commit: the same on every rank (a joiner learns it
+ * at its first commit), continued from a durable commit resumed. */
+KOLO_API int64_t kolo_state_commit_number(const kolo_state_t *state);
+/* true when the last commit is a durable one that this rank writes (rank
+ * 0, KOLO_DURABLE_DIR set, a multiple of KOLO_DURABLE_EVERY). */
+KOLO_API bool kolo_durable_due(const kolo_state_t *state);
+/* Copies len bytes (the caller's serialised committed state) and returns at
+ * once: a background thread writes them as the last commit's durable
+ * commit, a newer put replacing one not yet started. Does nothing
+ * (KOLO_OK) unless KOLO_DURABLE_DIR is set and this is rank 0. A write that
+ * fails is logged, never fatal; kolo_finalize waits for the last one. */
+KOLO_API kolo_status_t kolo_durable_put(kolo_state_t *state, const void *data, size_t len);
+/* Before the state's first sync: on rank 0 of a state that never
+ * committed, the job's durable commit: *data (free with kolo_free), *len
+ * and its *commit, from which the state's commit numbers go on. KOLO_OK,
+ * KOLO_ENOTFOUND (not rank 0, already committed, durable commits off, no
+ * file), or KOLO_EINVAL for a damaged file (it is not overwritten; delete
+ * it to start over). */
+KOLO_API kolo_status_t kolo_durable_resume(kolo_state_t *state, void **data, size_t *len,
+                                           int64_t *commit);
 
 /* The exit status of a worker evicted as a straggler (KOLO_STRAGGLER_EVICT_PCT,
  * docs/diagnosis.md): kolorun does not restart it, and a Kubernetes pod
