@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from . import _lib
 
@@ -1139,6 +1139,34 @@ class Commit:
     def left(self) -> bool:
         """True after this worker left the job at a commit (SIGTERM)."""
         return bool(_lib_().kolo_state_left(self._ptr))
+
+    def number(self) -> int:
+        """The number of the last commit, the same on every rank."""
+        return int(_lib_().kolo_state_commit_number(self._ptr))
+
+    def durable_due(self) -> bool:
+        """True when the last commit is a durable one that this rank writes
+        (``KOLO_DURABLE_DIR``, docs/durable.md)."""
+        return bool(_lib_().kolo_durable_due(self._ptr))
+
+    def durable_put(self, data: bytes) -> None:
+        """Hands ``data`` (the committed state, serialised) to the background
+        writer as the last commit's durable commit; returns at once."""
+        _get().check(_lib_().kolo_durable_put(self._ptr, data, len(data)), "durable put")
+
+    def durable_resume(self) -> Optional[Tuple[int, bytes]]:
+        """Before the first sync, on rank 0 of a state that never committed:
+        ``(commit, data)`` of the job's durable commit, else None."""
+        data, size, commit = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int64()
+        st = _lib_().kolo_durable_resume(self._ptr, ctypes.byref(data), ctypes.byref(size),
+                                         ctypes.byref(commit))
+        if st == _S["ENOTFOUND"]:
+            return None
+        _get().check(st, "durable resume")
+        try:
+            return commit.value, ctypes.string_at(data, size.value) if size.value else b""
+        finally:
+            _lib_().kolo_free(data)
 
     def close(self) -> None:
         if self._ptr is not None:

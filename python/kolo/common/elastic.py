@@ -28,6 +28,7 @@ import copy
 import functools
 import logging
 import os
+import pickle
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 import kolo
@@ -115,9 +116,42 @@ class State:
     def commit(self) -> None:
         """Saves the state (``save()``), then checks for a pending join or
         leave (``check_host_updates()``). Every rank calls it at the same
-        points; a failure loses the work since the last commit."""
+        points; a failure loses the work since the last commit. Every
+        ``KOLO_DURABLE_EVERY``-th commit rank 0 also hands a pickle of the
+        committed state to kolo's background writer (docs/durable.md)."""
         self.save()
-        self.check_host_updates()
+        try:
+            self.check_host_updates()
+        finally:
+            point = self._commit
+            if point is not None and point.durable_due():
+                point.durable_put(pickle.dumps(self._durable_snapshot(),
+                                               protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _commit_point(self) -> kolo.Commit:
+        comm = kolo._get()
+        if self._commit is None or self._commit_comm is not comm:
+            # A new comm (after shutdown() and init()): a new commit point.
+            self._commit = kolo.Commit()
+            self._commit_comm = comm
+        return self._commit
+
+    def _durable_resume(self) -> None:
+        """Before a sync (``run``): on rank 0 of a state that never committed,
+        takes the job's durable commit when one exists, so that the sync
+        gives it to every rank."""
+        got = self._commit_point().durable_resume()
+        if got is not None:
+            self._durable_load(pickle.loads(got[1]))
+
+    def _durable_snapshot(self) -> Any:
+        """The last saved state as one picklable object (a durable commit)."""
+        raise NotImplementedError(f"{type(self).__name__} has no durable commits "
+                                  "(define _durable_snapshot and _durable_load)")
+
+    def _durable_load(self, obj: Any) -> None:
+        """Makes ``obj`` (a ``_durable_snapshot()``) the saved and current state."""
+        raise NotImplementedError(f"{type(self).__name__} has no durable commits")
 
     def check_host_updates(self) -> None:
         """One 8-byte allreduce, called by every rank at the same point:
@@ -125,12 +159,7 @@ class State:
         or one leaves (SIGTERM, kolo.elastic_leave()); a peer failure seen
         by this allreduce raises it too (see ``run``). In a job that is not
         elastic it does nothing (no collective)."""
-        comm = kolo._get()
-        if self._commit is None or self._commit_comm is not comm:
-            # A new comm (after shutdown() and init()): a new commit point.
-            self._commit = kolo.Commit()
-            self._commit_comm = comm
-        if self._commit.check():
+        if self._commit_point().check():
             raise HostsUpdatedInterrupt(False, left=self._commit.left())
 
     def _left(self) -> bool:
@@ -178,6 +207,13 @@ class ObjectState(State):
     def _set_attrs(self) -> None:
         for k, v in self._saved_state.items():
             setattr(self, k, copy.deepcopy(v))
+
+    def _durable_snapshot(self) -> Any:
+        return self._saved_state
+
+    def _durable_load(self, obj: Any) -> None:
+        self._saved_state = dict(obj)
+        self._set_attrs()
 
 
 
@@ -281,6 +317,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
         while True:
             why: Optional[BaseException] = None
             try:
+                state._durable_resume()
                 state.sync()
                 state.save()
                 result = func(state, *args, **kwargs)
@@ -353,6 +390,18 @@ class VariablesState(ObjectState):
     def sync(self) -> None:
         self._V.broadcast(self._shared_variables(), 0, "elastic.state")
         super().sync()
+
+    def _durable_snapshot(self) -> Any:
+        return {"variables": self._saved_vars, "values": super()._durable_snapshot()}
+
+    def _durable_load(self, obj: Any) -> None:
+        variables = self._variables()
+        if len(variables) != len(obj["variables"]):
+            raise ValueError(f"kolo: the durable commit holds {len(obj['variables'])} "
+                             f"variables, this state {len(variables)}")
+        self._saved_vars = obj["variables"]
+        self._V.assign(variables, self._saved_vars)
+        super()._durable_load(obj["values"])
 
 
 class ModelState(VariablesState):

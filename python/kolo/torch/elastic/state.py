@@ -41,6 +41,14 @@ class StateHandler:
     def reset(self) -> None:
         """After a re-form, before the sync."""
 
+    def durable_snapshot(self) -> Any:
+        """The last saved value, picklable (a durable commit, docs/durable.md)."""
+        raise NotImplementedError(f"{type(self).__name__} has no durable commits")
+
+    def durable_load(self, saved: Any) -> None:
+        """Makes ``saved`` (a ``durable_snapshot()``) the saved and current value."""
+        raise NotImplementedError(f"{type(self).__name__} has no durable commits")
+
     def set_value(self, value: Any) -> None:
         self.value = value
         self.save()
@@ -59,6 +67,13 @@ class _StateDictHandler(StateHandler):
 
     def restore(self) -> None:
         self.value.load_state_dict(self._saved)
+
+    def durable_snapshot(self) -> Any:
+        return self._saved
+
+    def durable_load(self, saved: Any) -> None:
+        self._saved = saved
+        self.restore()
 
 
 class ModelStateHandler(_StateDictHandler):
@@ -80,19 +95,9 @@ class OptimizerStateHandler(_StateDictHandler):
         functions.broadcast_optimizer_state(self.value, root_rank=0)
 
 
-class SamplerStateHandler(StateHandler):
+class SamplerStateHandler(_StateDictHandler):
     """An ElasticSampler: a copy of ``state_dict()``; sync broadcasts rank
     0's and loads it, which re-partitions for the new membership."""
-
-    def __init__(self, sampler: ElasticSampler):
-        super().__init__(sampler)
-        self._saved = copy.deepcopy(sampler.state_dict())
-
-    def save(self) -> None:
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved)
 
     def sync(self) -> None:
         self.value.load_state_dict(self._bcast(self.value.state_dict()))
@@ -173,6 +178,15 @@ class TorchState(ObjectState):
         for h in self._handlers.values():
             h.sync()
         super().sync()
+
+    def _durable_snapshot(self) -> Any:
+        return {"handlers": {k: h.durable_snapshot() for k, h in self._handlers.items()},
+                "values": super()._durable_snapshot()}
+
+    def _durable_load(self, obj: Any) -> None:
+        for k, h in self._handlers.items():
+            h.durable_load(obj["handlers"][k])
+        super()._durable_load(obj["values"])
 
     def __setattr__(self, name: str, value: Any) -> None:
         handlers = self.__dict__.get("_handlers")
