@@ -23,13 +23,14 @@ _RESULT = re.compile(r"^\[(\d+)\] KOLO-RESULT (.*)$")
 class Server:
     """kolo-rendezvous with a token file in directory tmp."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, env=None):
         self.token = os.path.join(str(tmp), "token")
         with open(self.token, "w") as f:
             f.write("diagnosis-test-token-0123456789\n")
         self.p = subprocess.Popen([RENDEZVOUS, "--listen", "127.0.0.1:0", "--token-file",
                                    self.token], stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, text=True)
+                                  stderr=subprocess.DEVNULL, text=True,
+                                  env=dict(os.environ, **(env or {})))
         m = re.match(r"listening on (\S+):(\d+)", self.p.stdout.readline())
         if not m:
             self.close()
@@ -50,14 +51,17 @@ class Server:
 
 
 class Job:
-    """kolorun -np of workers/diag_worker.py; its KOLO-RESULT events in a queue."""
+    """kolorun -np of workers/diag_worker.py (or another worker script,
+    launcher_args before its "--"); its KOLO-RESULT events in a queue."""
 
-    def __init__(self, server, job, args, np_=4, threshold_ms=1000, env=None):
+    def __init__(self, server, job, args, np_=4, threshold_ms=1000, env=None,
+                 script="diag_worker.py", launcher_args=()):
         extra = {"KOLO_DIAG_THRESHOLD_MS": threshold_ms, "KOLO_TIMEOUT_MS": 120000,
                  "KOLO_FLIGHT_DIR": os.path.dirname(server.token)}
         extra.update(env or {})
         cmd = [KOLORUN, "-np", str(np_), "--rendezvous", server.url, "--token-file",
-               server.token, "--job", job, "--", PYTHON, str(WORKERS / "diag_worker.py"),
+               server.token, "--job", job, *map(str, launcher_args), "--", PYTHON,
+               str(WORKERS / script),
                *map(str, args)]
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, env=worker_env(extra), start_new_session=True)

@@ -1,0 +1,92 @@
+"""An elastic job with durable commits, for test_durable.py.
+
+    durable_worker.py --state object|torch --steps S [--hold-at H]
+
+Every step allreduces a value that depends on the step and the rank, folds
+it into the state and commits. object: an ObjectState of a float64 that
+depends on every step's order; torch: a TorchState of a linear model and
+its SGD-with-momentum optimizer (DistributedOptimizer), fed data made from
+the step's number. --hold-at H: after the commit of step H every worker
+reports {"ev": "held"} and blocks until it is killed.
+Reports {"ev": "ready", "pid"}, {"ev": "start", "step"} each time the
+training function starts (after the sync), and {"ev": "done", "step",
+"result"} with the final state, exactly (hex of its bytes)."""
+
+import argparse
+import os
+import threading
+
+import numpy as np
+
+import kolo
+from _common import report
+from kolo.common import arrays, elastic
+
+
+def object_job(a):
+    state = elastic.ObjectState(step=0, total=0.0)
+
+    def step(state):
+        g = np.full(4, (kolo.rank() + 1) * (state.step + 1) / 7.0, dtype=np.float64)
+        out = arrays.allreduce(g, name="g", op="sum").wait()
+        state.total = state.total * 0.75 + float(out[0])
+
+    return state, step, lambda: np.float64(state.total).tobytes().hex()
+
+
+def torch_job(a):
+    import torch
+
+    import kolo.torch as hvd
+
+    torch.set_num_threads(1)
+    # Rank 0's weights (the same in every job) win at the first sync.
+    torch.manual_seed(1 if kolo.rank() == 0 else 1000 + os.getpid())
+    model = torch.nn.Linear(5, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, opt, step=0)
+
+    def step(state):
+        g = torch.Generator().manual_seed(state.step * 100 + kolo.rank())
+        x = torch.randn(8, 5, generator=g)
+        y = x.sum(dim=1, keepdim=True).repeat(1, 2)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    def result():
+        return "".join(v.numpy().tobytes().hex() for v in model.state_dict().values())
+
+    return state, step, result
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--state", choices=["object", "torch"], required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--hold-at", type=int, default=-1)
+    a = ap.parse_args()
+    kolo.init()
+    report({"ev": "ready", "pid": os.getpid(), "rank": kolo.rank()})
+    state, step, result = (object_job if a.state == "object" else torch_job)(a)
+
+    @elastic.run
+    def train(state):
+        report({"ev": "start", "pid": os.getpid(), "rank": kolo.rank(), "step": state.step})
+        while state.step < a.steps:
+            step(state)
+            state.step += 1
+            state.commit()
+            if state.step == a.hold_at:
+                report({"ev": "held", "pid": os.getpid(), "step": state.step})
+                threading.Event().wait()  # until the test kills every worker
+
+    train(state)
+    report({"ev": "done", "pid": os.getpid(), "rank": kolo.rank(), "step": state.step,
+            "result": result()})
+    kolo.finalize()
+
+
+if __name__ == "__main__":
+    main()
