@@ -51,18 +51,18 @@ class Server:
 
 
 class Job:
-    """kolorun -np of workers/diag_worker.py (or another worker script,
-    launcher_args before its "--"); its KOLO-RESULT events in a queue."""
+    """kolorun -np of workers/diag_worker.py (or another worker script, or
+    any command; launcher_args before its "--"); its KOLO-RESULT events in a
+    queue."""
 
     def __init__(self, server, job, args, np_=4, threshold_ms=1000, env=None,
-                 script="diag_worker.py", launcher_args=()):
+                 script="diag_worker.py", launcher_args=(), command=None):
         extra = {"KOLO_DIAG_THRESHOLD_MS": threshold_ms, "KOLO_TIMEOUT_MS": 120000,
                  "KOLO_FLIGHT_DIR": os.path.dirname(server.token)}
         extra.update(env or {})
         cmd = [KOLORUN, "-np", str(np_), "--rendezvous", server.url, "--token-file",
-               server.token, "--job", job, *map(str, launcher_args), "--", PYTHON,
-               str(WORKERS / script),
-               *map(str, args)]
+               server.token, "--job", job, *map(str, launcher_args), "--",
+               *map(str, command or [PYTHON, WORKERS / script, *args])]
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, env=worker_env(extra), start_new_session=True)
         self.events, self.lines, self.pids = queue.Queue(), [], []

@@ -6,12 +6,13 @@ outlives the workers) resumes from commit 8 (3 commits lost, at most 4) and
 ends with the state of an uninterrupted run of the same size, bitwise."""
 
 import os
+import re
 import time
 import urllib.error
 
 import pytest
 
-from conftest import requires_torch
+from conftest import KOLORUN, requires_torch
 from diag_jobs import Job, Server
 
 STEPS, EVERY, HOLD = 20, 4, 11
@@ -101,6 +102,39 @@ def test_every_worker_lost_then_resumed(tmp_path, state):
         assert {e["result"] for e in reference} == {reference[0]["result"]}
     finally:
         for j in ("first", "again", "ref"):
+            if j in locals() and locals()[j].p.poll() is None:
+                locals()[j].kill()
+        server.close()
+
+
+def test_c_state_api_resumes(tmp_path):
+    """The C state API (kolo_elastic_run over registered buffers,
+    tests/elastic/elastic_worker.c): killed once the rendezvous records a
+    durable commit, resumed from the file's commit; every step is applied
+    exactly once over both runs (the worker checks its accumulator)."""
+    worker = os.path.join(os.path.dirname(KOLORUN), "elastic_worker")
+    server = Server(tmp_path, env={"KOLO_LEASE_MS": "1000"})
+    durable = tmp_path / "durable"
+    durable.mkdir()
+    env = {"KOLO_DURABLE_DIR": durable, "KOLO_DURABLE_EVERY": EVERY, "KOLO_LOG_LEVEL": "info"}
+    cmd = [worker, 60, 8, 20]
+    try:
+        first = Job(server, "durable-c", [], np_=2, env=env, command=cmd,
+                    launcher_args=["--min-np", 2, "--max-np", 2])
+        wait_recorded(server, "durable-c", 2 * EVERY)
+        first.kill()
+        wait_gone(server, "durable-c")
+        commit = file_commit(durable / "kolo-durable-c.state")
+        assert commit % EVERY == 0 and commit >= 2 * EVERY
+        again = Job(server, "durable-c", [], np_=2, env=env, command=cmd,
+                    launcher_args=["--min-np", 2, "--max-np", 2])
+        assert again.p.wait(timeout=90) == 0, "".join(again.lines[-40:])
+        log = "".join(again.lines)
+        assert f"resuming from durable commit {commit}" in log, log[-4000:]
+        assert re.search(rf"ROUND \d+ size 2 rank 0 step {commit}\n", log), log[-4000:]
+        assert log.count("RESULT ok") == 2, log[-4000:]
+    finally:
+        for j in ("first", "again"):
             if j in locals() and locals()[j].p.poll() is None:
                 locals()[j].kill()
         server.close()
