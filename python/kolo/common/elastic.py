@@ -16,8 +16,10 @@ kolo re-forms the same process and comm: no shutdown()/init() as in
 Horovod, and every re-form is followed by a sync on every rank, old and new.
 
 The state lives in Python (deep copies in host memory); kolo's own commit
-point is used only to learn, in one small allreduce, whether a join or a
-leave is pending. Each binding subclasses :class:`ObjectState` for its
+point is used to learn, in one small allreduce, whether a join or a leave is
+pending, and to number the commits: every KOLO_DURABLE_EVERY-th, rank 0
+hands a pickle of the state to kolo's writer, and a job that lost every
+worker resumes from it (docs/durable.md). Each binding subclasses :class:`ObjectState` for its
 framework's values (``TorchState``, ``TensorFlowKerasState``) and may
 register a hook that runs after every re-form (:func:`register_reform_hook`).
 """
