@@ -26,7 +26,8 @@
 #include "rendezvous.h"
 #include "strmap.h"
 
-#define RDZV_SUB "rdzv"
+#define RDZV_LOST_ZONES 16 /* lost members whose zone a spare is matched to */
+#define RDZV_SUB        "rdzv"
 
 /* Limits and periods of the HTTP contract (docs/rendezvous.md). They are
  * part of the protocol, not settings: the settings and their defaults are in
@@ -93,9 +94,13 @@ struct rdzv_job {
 	struct kolo_strmap evicted;      /* id -> reason (malloc'd string) */
 	char dropped[RDZV_DROPPED_TEXT]; /* who left since the last round, for its log line */
 	int n_evicted_since_round;       /* of those, evicted (lease, failure report) */
-	uint64_t last_active_ms;         /* the last request that named the job */
-	struct kolo_strmap kv;           /* key -> struct rdzv_kv_val */
-	struct rdzv_req *waiters;        /* long polls of this job */
+	/* The zones of the members lost since the last round, one entry per
+	 * member: a spare of the same zone takes each place first. */
+	char lost_zones[RDZV_LOST_ZONES][KOLO_RDZV_HOST_MAX];
+	int n_lost_zones;
+	uint64_t last_active_ms;  /* the last request that named the job */
+	struct kolo_strmap kv;    /* key -> struct rdzv_kv_val */
+	struct rdzv_req *waiters; /* long polls of this job */
 	/* A member left saying its training is complete: no round forms any
 	 * more, and every worker still registered is told so (410 "job
 	 * finished: ..."). Lifted by a join once no worker is left and

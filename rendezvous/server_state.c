@@ -137,6 +137,28 @@ static void forget_dropped(struct rdzv_job *j)
 {
 	j->dropped[0] = '\0';
 	j->n_evicted_since_round = 0;
+	j->n_lost_zones = 0;
+}
+
+/* v: the members (n_members of them, by rank), then the waiting workers in
+ * join order. When seats are short (max_np), a lost member's place goes
+ * first to the oldest waiting worker of its zone: each such worker moves to
+ * the front of the waiting ones, in the order the members were lost. */
+static void spares_by_zone(const struct rdzv_job *j, struct rdzv_worker **v)
+{
+	if (j->cfg.max_np <= 0 || j->n_workers <= j->cfg.max_np)
+		return;
+	int next = j->n_members; /* the first waiting worker not placed yet */
+	for (int z = 0; z < j->n_lost_zones && next < j->n_workers; z++) {
+		for (int i = next; i < j->n_workers; i++) {
+			if (strcmp(v[i]->zone, j->lost_zones[z]) != 0)
+				continue;
+			struct rdzv_worker *w = v[i];
+			memmove(v + next + 1, v + next, (size_t)(i - next) * sizeof(*v));
+			v[next++] = w;
+			break;
+		}
+	}
 }
 
 /* "id@host, ..." of the workers of v[0..n) new in this round, for the log. */
@@ -225,6 +247,8 @@ static void round_install(struct rdzv_state *st, struct rdzv_job *j, struct rdzv
 static void form_round(struct rdzv_state *st, struct rdzv_job *j)
 {
 	struct rdzv_worker **v = ranked_workers(j);
+	if (v)
+		spares_by_zone(j, v);
 	int n = j->n_workers;
 	if (j->cfg.max_np > 0 && n > j->cfg.max_np)
 		n = j->cfg.max_np;
@@ -401,6 +425,9 @@ void rdzv_job_drop(struct rdzv_job *j, struct rdzv_worker *w, const char *why, b
 	if (w->rank >= 0 && w->rank < j->n_ranks && j->by_rank[w->rank] == w) {
 		j->by_rank[w->rank] = NULL;
 		j->n_members--;
+		if (w->zone[0] && j->n_lost_zones < RDZV_LOST_ZONES)
+			snprintf(j->lost_zones[j->n_lost_zones++], KOLO_RDZV_HOST_MAX, "%s",
+			         w->zone);
 		if (job_has_round(j))
 			job_enter(j, RDZV_JOB_BROKEN, "member dropped");
 	}

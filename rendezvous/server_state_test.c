@@ -241,6 +241,42 @@ START_TEST(zones_contiguous_and_stable)
 }
 END_TEST
 
+/* Seats for 2 (max_np): a lost member of zone a is replaced by the oldest
+ * spare of zone a, not by an older spare of zone b; with no spare of its
+ * zone, by the oldest spare. */
+START_TEST(spare_of_the_lost_zone_first)
+{
+	state_setup(2, 2, 0, 1000);
+	struct rdzv_job *j = rdzv_job_get(&st, "job", true, 0);
+	struct rdzv_worker *a1 = join_zone_at(j, "a1", "a", 0);
+	struct rdzv_worker *b1 = join_zone_at(j, "b1", "b", 0);
+	rdzv_job_tick(&st, j, 0);
+	ck_assert_int_eq(j->round, 1);
+	struct rdzv_worker *b2 = join_zone_at(j, "b2", "b", 1);
+	struct rdzv_worker *a2 = join_zone_at(j, "a2", "a", 2);
+	st.cfg.min_np = j->cfg.min_np = 1;
+	rdzv_job_drop(j, a1, "test", true);
+	rdzv_job_tick(&st, j, 3);
+	ck_assert_int_eq(j->round, 2);
+	ck_assert_ptr_eq(j->by_rank[0], b1); /* the survivor keeps rank 0 */
+	ck_assert_ptr_eq(j->by_rank[1], a2);
+	ck_assert_int_eq(b2->rank, -1);
+	ck_assert_int_eq(j->n_lost_zones, 0);
+	/* b1 lost, no spare of zone b left but b2: b2 it is; then a2 lost with
+	 * only c1 waiting: c1. */
+	struct rdzv_worker *c1 = join_zone_at(j, "c1", "c", 4);
+	rdzv_job_drop(j, b1, "test", true);
+	rdzv_job_tick(&st, j, 5);
+	ck_assert_int_eq(j->round, 3);
+	ck_assert_int_ge(b2->rank, 0);
+	ck_assert_int_eq(c1->rank, -1);
+	rdzv_job_drop(j, a2, "test", true);
+	rdzv_job_tick(&st, j, 6);
+	ck_assert_int_eq(j->round, 4);
+	ck_assert_int_ge(c1->rank, 0);
+}
+END_TEST
+
 /* Members that all leave gracefully end the round without an eviction on
  * the count; the job then waits. */
 START_TEST(graceful_leaves_are_counted_apart)
@@ -379,6 +415,7 @@ static Suite *server_state_suite(void)
 	tcase_add_test(tc, members_past_the_round_reform);
 	tcase_add_test(tc, lease_expiry_reforms);
 	tcase_add_test(tc, zones_contiguous_and_stable);
+	tcase_add_test(tc, spare_of_the_lost_zone_first);
 	tcase_add_test(tc, graceful_leaves_are_counted_apart);
 	tcase_add_test(tc, restored_round_from_claims);
 	tcase_add_test(tc, idle_jobs_forgotten);
