@@ -37,7 +37,8 @@ def trial(a, mode, victim):
                PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"),
                                            os.path.dirname(WORKER)]))
     cmd = [a.kolorun, "-np", str(a.np), "--spares", "1", "--", sys.executable, WORKER, "--mode",
-           "none" if mode == "control" else mode, "--victim", str(victim), "--steps", str(a.steps), "--work", str(a.work)]
+           "none" if mode == "control" else mode, "--victim", str(victim), "--steps", str(a.steps), "--work", str(a.work),
+           "--hogs", str(a.hogs)]
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=env)
@@ -74,6 +75,7 @@ def main():
     ap.add_argument("--window", type=int, default=40)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--work", type=int, default=400)
+    ap.add_argument("--hogs", type=int, default=1, help="busy processes beside the victim")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--kolorun", default=os.path.join(ROOT, "build", "bin", "kolorun"))
     a = ap.parse_args()

@@ -22,7 +22,10 @@ from diag_jobs import Server
 
 SCRIPT = str(WORKERS / "straggler_worker.py")
 WINDOW = 40
-POLICY = {"KOLO_STRAGGLER_EVICT_PCT": "40", "KOLO_STRAGGLER_EVICT_STEPS": str(WINDOW),
+# A rank beside two busy processes computes 3 times as long (200 % on the
+# others); in runs without one, a rank of this 2-core machine that keeps
+# losing the race for a core was seen up to 40 % slower.
+POLICY = {"KOLO_STRAGGLER_EVICT_PCT": "80", "KOLO_STRAGGLER_EVICT_STEPS": str(WINDOW),
           "KOLO_IFACE": "127.0.0.1"}
 TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
                               reason="a CPU hog beside one rank needs two CPUs")

@@ -5,10 +5,11 @@ Every step each rank computes (fixed CPU work: --work matrix products),
 allreduces "grad" (checked against the sum every rank contributes), adds
 the result to the committed state and commits. The victim is the rank
 --victim of the first round (a spare that joins later never is):
-  hog   it shares one CPU with two busy processes, while the other ranks
-        share the remaining CPUs: a noisy neighbour;
+  hog   it shares one CPU with --hogs busy processes (2: it gets a third of
+        the CPU), while the other ranks share the remaining CPUs: a noisy
+        neighbour;
   slow  it sleeps --delay-ms more per step;
-  none  no straggler (the control run).
+  none  no straggler (the control run); every rank on a CPU of its own.
 With --victim -1 the victim is the worker whose environment has
 STRAGGLER_VICTIM=1 (for jobs of several launchers).
 Each worker reports {"ev": "ready"}, then {"ev": "done"} with its final
@@ -36,7 +37,7 @@ HOG = ("import ctypes, time\n"
        "    pass\n")
 
 
-def start_hogs(cpu, n=1):
+def start_hogs(cpu, n):
     """n busy processes pinned to cpu, gone with this process."""
     procs = []
     for _ in range(n):
@@ -46,15 +47,21 @@ def start_hogs(cpu, n=1):
     return procs
 
 
-def pin(is_victim, mode):
-    """The victim (and its hogs) on the last CPU, the others on the rest."""
+def pin(is_victim, mode, rank, hogs):
+    """hog: the victim (and its hog) on the last CPU, the others on the rest.
+    Otherwise each rank on a CPU of its own (rank modulo the CPUs), as a job
+    gets its cores: ranks that float share cores unevenly, and a rank that
+    keeps losing that race is a straggler indeed."""
     cpus = sorted(os.sched_getaffinity(0))
-    if mode != "hog" or len(cpus) < 2:
+    if len(cpus) < 2:
+        return []
+    if mode != "hog":
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
         return []
     last = cpus[-1]
     if is_victim:
         os.sched_setaffinity(0, {last})
-        return start_hogs(last)
+        return start_hogs(last, hogs)
     os.sched_setaffinity(0, set(cpus[:-1]))
     return []
 
@@ -66,13 +73,14 @@ def main():
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--work", type=int, default=40)
     ap.add_argument("--delay-ms", type=float, default=15.0)
+    ap.add_argument("--hogs", type=int, default=2, help="busy processes beside the victim")
     a = ap.parse_args()
     kolo.init()
     first = kolo.round()
     # Round 1 is the job's first: a spare gets its rank in a later one.
     is_victim = a.mode != "none" and first == 1 and (
         kolo.rank() == a.victim if a.victim >= 0 else os.environ.get("STRAGGLER_VICTIM") == "1")
-    hogs = pin(is_victim, a.mode)
+    hogs = pin(is_victim, a.mode, kolo.rank(), a.hogs)
     report({"ev": "ready", "rank": kolo.rank(), "round": first, "pid": os.getpid(),
             "victim": is_victim})
     m = np.random.default_rng(0).standard_normal((96, 96)) / 96
