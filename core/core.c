@@ -178,6 +178,17 @@ void kolo_sleep_ms(uint64_t ms)
 		;
 }
 
+void kolo_deadline_ts(struct timespec *ts, int clock, int ms)
+{
+	clock_gettime((clockid_t)clock, ts);
+	ts->tv_sec += ms / 1000;
+	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
 /* ---- randomness and authentication ---- */
 
 kolo_status_t kolo_random_bytes(void *buf, size_t len)

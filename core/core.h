@@ -116,6 +116,10 @@ uint64_t kolo_now_ms(void);
 uint64_t kolo_wall_us(void);
 /* Sleeps for ms milliseconds (restarts on EINTR). Not for synchronisation. */
 void kolo_sleep_ms(uint64_t ms);
+struct timespec;
+/* *ts = now on clock (CLOCK_MONOTONIC, CLOCK_REALTIME) plus ms: the
+ * deadline of a pthread_cond_timedwait on a condition of that clock. */
+void kolo_deadline_ts(struct timespec *ts, int clock, int ms);
 
 /* ---- randomness and authentication ------------------------------------ */
 

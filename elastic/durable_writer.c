@@ -130,13 +130,7 @@ bool kolo_durable_writer_destroy(struct kolo_durable_writer *w, int wait_ms)
 	if (!w)
 		return true;
 	struct timespec until;
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += wait_ms / 1000;
-	until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
+	kolo_deadline_ts(&until, CLOCK_REALTIME, wait_ms);
 	pthread_mutex_lock(&w->lock);
 	w->stop = true;
 	pthread_cond_signal(&w->wake);

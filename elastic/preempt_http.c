@@ -78,13 +78,7 @@ bool pw_stopping(struct kolo_preempt *p)
 bool pw_nap(struct kolo_preempt *p, int ms)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_sec += ms / 1000;
-	ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
+	kolo_deadline_ts(&ts, CLOCK_MONOTONIC, ms);
 	pthread_mutex_lock(&p->lock);
 	while (!p->stop && pthread_cond_timedwait(&p->cond, &p->lock, &ts) != ETIMEDOUT)
 		;

@@ -135,17 +135,6 @@ struct kolo_elastic {
 	bool dropped;      /* taken out; kolo_elastic_take_dropped() reads it */
 };
 
-static void ms_deadline(struct timespec *ts, int ms)
-{
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	ts->tv_sec += ms / 1000;
-	ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (ts->tv_nsec >= 1000000000L) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000L;
-	}
-}
-
 static void drain_pipe(void)
 {
 	char buf[64];
@@ -217,7 +206,7 @@ static void *watch_main(void *arg)
 			check_hang(e, round);
 		if (round <= 0 || e->fired >= round) {
 			struct timespec dl;
-			ms_deadline(&dl, e->cfg.poll_ms);
+			kolo_deadline_ts(&dl, CLOCK_MONOTONIC, e->cfg.poll_ms);
 			pthread_cond_timedwait(&e->cond, &e->lock, &dl);
 			pthread_mutex_unlock(&e->lock);
 			drain_pipe();
