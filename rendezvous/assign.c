@@ -187,3 +187,29 @@ void kolo_rdzv_assignment_fini(struct kolo_rdzv_assignment *a)
 	a->members = NULL;
 	a->n_members = 0;
 }
+
+/* Whether the zone of members[r] is the zone that starts at `start`. */
+static bool same_zone(const struct kolo_rdzv_member *m, int r, int start)
+{
+	return m[r].zone[0] && m[r].rank == r && strcmp(m[r].zone, m[start].zone) == 0;
+}
+
+int kolo_rdzv_zone_count(const struct kolo_rdzv_member *members, int n, int group)
+{
+	if (!members || group < 1 || n < 2 || n % group != 0)
+		return 0;
+	int zones = 0, size = 0; /* size: the ranks of every zone */
+	for (int start = 0; start < n; zones++) {
+		int end = start;
+		while (end < n && same_zone(members, end, start))
+			end++;
+		if (end == start || (size && end - start != size))
+			return 0; /* no zone, or zones of different sizes */
+		size = end - start;
+		for (int q = 0; q < start; q += size) /* a zone seen before: not contiguous */
+			if (strcmp(members[q].zone, members[start].zone) == 0)
+				return 0;
+		start = end;
+	}
+	return zones >= 2 && size % group == 0 && size / group >= 2 ? zones : 0;
+}

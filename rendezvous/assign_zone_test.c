@@ -148,6 +148,40 @@ START_TEST(test_stability)
 }
 END_TEST
 
+/* members[0..n) by rank with the zones named by the letters of z ('-': none). */
+static int zone_count(const char *z, int group)
+{
+	struct kolo_rdzv_member m[16];
+	memset(m, 0, sizeof(m));
+	int n = (int)strlen(z);
+	for (int r = 0; r < n; r++) {
+		m[r].rank = r;
+		if (z[r] != '-')
+			snprintf(m[r].zone, sizeof(m[r].zone), "zone-%c", z[r]);
+	}
+	return kolo_rdzv_zone_count(m, n, group);
+}
+
+/* A zone level needs ≥ 2 zones of ≥ 2 groups each, all alike, contiguous,
+ * starting on group boundaries, every member in a zone. */
+START_TEST(test_zone_count)
+{
+	ck_assert_int_eq(zone_count("aabb", 1), 2);
+	ck_assert_int_eq(zone_count("aaabbbccc", 1), 3);
+	ck_assert_int_eq(zone_count("aaaabbbb", 2), 2); /* 2 hosts of 2 ranks per zone */
+	ck_assert_int_eq(zone_count("aabb", 2), 0);     /* one host per zone: hosts suffice */
+	ck_assert_int_eq(zone_count("aaaa", 1), 0);     /* one zone */
+	ck_assert_int_eq(zone_count("aaabb", 1), 0);    /* zones of different sizes */
+	ck_assert_int_eq(zone_count("abab", 1), 0);     /* not contiguous */
+	ck_assert_int_eq(zone_count("aabbaa", 1), 0);   /* a zone seen twice */
+	ck_assert_int_eq(zone_count("aab-", 1), 0);     /* a member without a zone */
+	ck_assert_int_eq(zone_count("----", 1), 0);     /* no zones at all */
+	ck_assert_int_eq(zone_count("aaabbb", 2), 0);   /* a zone of 3 ranks, hosts of 2 */
+	ck_assert_int_eq(zone_count("ab", 1), 0);       /* one rank per zone */
+	ck_assert_int_eq(kolo_rdzv_zone_count(NULL, 4, 1), 0);
+}
+END_TEST
+
 static Suite *assign_zone_suite(void)
 {
 	Suite *s = suite_create("rdzv_assign_zone");
@@ -157,6 +191,7 @@ static Suite *assign_zone_suite(void)
 	tcase_add_test(tc, test_no_zone_is_unzoned);
 	tcase_add_test(tc, test_random_vs_reference);
 	tcase_add_test(tc, test_stability);
+	tcase_add_test(tc, test_zone_count);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -80,6 +80,10 @@ static const char *read_members(json_t *members, struct kolo_rdzv_member *m, int
 		if (!get_str(e, "worker_id", m[mr].worker_id, sizeof(m[mr].worker_id)) ||
 		    !get_str(e, "host", m[mr].host, sizeof(m[mr].host)))
 			return "malformed member";
+		m[mr].zone[0] = '\0';
+		if (json_object_get(e, "zone") &&
+		    !get_str(e, "zone", m[mr].zone, sizeof(m[mr].zone)))
+			return "malformed member zone";
 		m[mr].rank = (int)mr;
 	}
 	return NULL;

@@ -52,8 +52,9 @@ static struct kolo_rdzv_client *zone_client(const char *host, const char *zone)
 	return c;
 }
 
-/* Workers that report zones a, b, a get ranks zone by zone; the job status
- * shows the zones. A zone that is not a host name is refused. */
+/* Workers that report zones a, b, a get ranks zone by zone; every member of
+ * the assignment and the job status show the zones. A zone that is not a
+ * host name is refused. */
 START_TEST(test_zones)
 {
 	start_server(3, 3, 10000);
@@ -64,6 +65,9 @@ START_TEST(test_zones)
 		struct kolo_rdzv_assignment a = {0};
 		ck_assert_int_eq(kolo_rdzv_wait_assignment(c[i], 0, 10000, &a), KOLO_OK);
 		ck_assert_int_eq(a.rank, want[i]);
+		ck_assert_int_eq(a.n_members, 3);
+		for (int r = 0; r < 3; r++)
+			ck_assert_str_eq(a.members[r].zone, r < 2 ? "a" : "b");
 		kolo_rdzv_assignment_fini(&a);
 	}
 	char *status = NULL;

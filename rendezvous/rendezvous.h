@@ -24,6 +24,7 @@ struct kolo_rdzv_member {
 	int rank;
 	char worker_id[KOLO_RDZV_ID_MAX];
 	char host[KOLO_RDZV_HOST_MAX];
+	char zone[KOLO_RDZV_HOST_MAX]; /* "" when none */
 };
 
 struct kolo_rdzv_assignment {
@@ -59,6 +60,13 @@ kolo_status_t kolo_rdzv_assign_all(const char *const *hosts, int n, struct kolo_
  * worker's. With every zone empty the result is kolo_rdzv_assign_all's. */
 kolo_status_t kolo_rdzv_assign_zoned(const char *const *hosts, const char *const *zones, int n,
                                      struct kolo_rdzv_slot *out);
+/* The zones of a round for a zone level of the hierarchical allreduce
+ * (docs/hierarchical.md): members[0..n) by rank, in groups of `group`
+ * consecutive ranks (the ranks of one host, or 1). Returns the number of
+ * zones Z when every member names a zone, each zone's ranks are contiguous
+ * and start on a group boundary, every zone holds the same number of groups
+ * and that number is at least 2, and Z ≥ 2; else 0 (no zone level). */
+int kolo_rdzv_zone_count(const struct kolo_rdzv_member *members, int n, int group);
 
 /* ---- server ----------------------------------------------------------- */
 

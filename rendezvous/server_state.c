@@ -12,7 +12,7 @@
 
 #define ROUND_LOG_NAMES   8   /* workers named in a round's added=[...] */
 #define WAIT_LOG_NAMES    10  /* workers named in a waiting job's joined=[...] */
-#define MEMBER_JSON_EXTRA 48  /* {"rank":,"worker_id":"","host":""} around the strings */
+#define MEMBER_JSON_EXTRA 64  /* {"rank":,"worker_id":"","host":"","zone":""} around the strings */
 #define ASSIGN_HEAD_MAX   256 /* {"round":...,"members": before the members array */
 #define DROPPED_ROOM      80  /* room left in dropped[] for an entry or ", ..." */
 #define MORE_ROOM         32  /* room for ", ... N more" */
@@ -185,9 +185,12 @@ static size_t round_members_json(struct rdzv_worker *const *by_rank, int n, char
 	size_t o = 0;
 	mj[o++] = '[';
 	for (int r = 0; r < n; r++) {
+		const struct rdzv_worker *w = by_rank[r];
 		o += (size_t)snprintf(mj + o, cap - o,
-		                      "%s{\"rank\":%d,\"worker_id\":\"%s\",\"host\":\"%s\"}",
-		                      r ? "," : "", r, by_rank[r]->id, by_rank[r]->host);
+		                      "%s{\"rank\":%d,\"worker_id\":\"%s\",\"host\":\"%s\"%s%s%s}",
+		                      r ? "," : "", r, w->id, w->host,
+		                      w->zone[0] ? ",\"zone\":\"" : "", w->zone,
+		                      w->zone[0] ? "\"" : "");
 	}
 	mj[o++] = ']';
 	mj[o] = '\0';
@@ -257,7 +260,8 @@ static void form_round(struct rdzv_state *st, struct rdzv_job *j)
 	const char **zones = malloc(n_alloc * sizeof(*zones));
 	struct kolo_rdzv_slot *slots = calloc(n_alloc, sizeof(*slots));
 	struct rdzv_worker **by_rank = calloc(n_alloc, sizeof(*by_rank));
-	size_t mj_cap = (size_t)n * (KOLO_RDZV_ID_MAX + KOLO_RDZV_HOST_MAX + MEMBER_JSON_EXTRA) + 4;
+	size_t mj_cap =
+	        (size_t)n * (KOLO_RDZV_ID_MAX + 2 * KOLO_RDZV_HOST_MAX + MEMBER_JSON_EXTRA) + 4;
 	char *mj = malloc(mj_cap);
 	bool ok = v && hosts && zones && slots && by_rank && mj;
 	for (int i = 0; ok && i < n; i++) {
