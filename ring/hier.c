@@ -149,6 +149,12 @@ size_t kolo_ring_hier_chunks(size_t bytes, size_t pipeline_bytes)
  * The same on every rank: configuration and costs are. */
 static size_t hier_chunks(const struct kolo_ring_hier *h, size_t bytes)
 {
+	/* A zone level under the cross comm (docs/hierarchical.md, "Zones") cuts
+	 * the bytes between zones, which the pipeline's flat cross stage cannot:
+	 * where it takes the cross block, the stages run one after another. */
+	const struct kolo_ring_hier *zone = h->cross->hier;
+	if (zone && ring_hier_choose(zone, bytes / (size_t)h->L) == KOLO_RING_ALGO_HIER)
+		return 1;
 	size_t K = kolo_ring_hier_chunks(bytes, h->cfg.pipeline_bytes);
 	if (K < 2 || h->cfg.pipeline_bytes > 0)
 		return K;
@@ -183,6 +189,23 @@ static size_t small_crossover(int local, int cross, bool hier_cross,
 	return best;
 }
 
+/* With shared_link, every byte either algorithm moves also passes each
+ * member's own link (cost `shm`): the ring's 2(n-1)/n S, the hierarchy's
+ * 2(L-1)/L S inside the level and 2(H-1)/H S/L across it. That time bounds
+ * each algorithm below, however its stages overlap. */
+static double shared_link_floor(const struct kolo_ring_hier *h, enum kolo_ring_algo algo,
+                                size_t bytes)
+{
+	const double S = (double)bytes, L = h->L, H = h->H;
+	if (!h->cfg.shared_link || algo == KOLO_RING_ALGO_SMALL)
+		return 0;
+	if (algo == KOLO_RING_ALGO_RING)
+		return ring_cost(S, h->L * h->H, 1, &h->cfg.shm);
+	return 2 * (L - 1) * h->cfg.shm.alpha_us + 2 * (H - 1) * h->cfg.shm.alpha_us +
+	       (2 * (L - 1) / L * S + 2 * (H - 1) / H * S / L) /
+	               (KOLO_MAX(h->cfg.shm.gbytes_per_s, 1e-3) * 1e3);
+}
+
 enum kolo_ring_algo ring_hier_choose(const struct kolo_ring_hier *h, size_t bytes)
 {
 	if (h->cfg.mode == KOLO_RING_HIER_ON)
@@ -199,6 +222,7 @@ enum kolo_ring_algo ring_hier_choose(const struct kolo_ring_hier *h, size_t byte
 			continue;
 		double t = kolo_ring_cost_model((enum kolo_ring_algo)a, bytes, h->L, h->H,
 		                                hier_chunks(h, bytes), &h->cfg.shm, &h->cfg.net);
+		t = KOLO_MAX(t, shared_link_floor(h, (enum kolo_ring_algo)a, bytes));
 		if (t < best) {
 			best = t;
 			algo = (enum kolo_ring_algo)a;
@@ -360,9 +384,14 @@ static kolo_status_t probe(struct kolo_ring_hier *h, struct kolo_ring_comm *rc)
 	return KOLO_OK;
 }
 
-static kolo_status_t sub_create(struct kolo_ring_comm *rc, const int *ranks, int size, int index,
+/* A sub-comm of rc over its members ranks[0..size) (rc's own numbering,
+ * mapped here to the transport's: rc may itself be a sub-comm, as the cross
+ * comm under a zone level is). */
+static kolo_status_t sub_create(struct kolo_ring_comm *rc, int *ranks, int size, int index,
                                 int tag_off, struct kolo_ring_comm **out, struct kolo_errbuf *eb)
 {
+	for (int i = 0; i < size; i++)
+		ranks[i] = ring_global_rank(rc, ranks[i]);
 	struct kolo_ring_config c = *kolo_ring_comm_config(rc);
 	c.rank = index;
 	c.size = size;

@@ -129,6 +129,9 @@ static const uint8_t token[] = "hier-test";
 
 struct world {
 	int n, L, H;
+	int Z; /* > 0: a zone level of Z zones on the cross comm (H / Z hosts each) */
+	enum kolo_ring_hier_mode zone_mode;
+	double zone_gbps; /* the link between zones (auto mode; the one inside is `net`) */
 	enum kolo_ring_hier_mode mode;
 	struct kolo_transport *t[NMAX];
 	struct kolo_transport_handle h[NMAX];
@@ -139,6 +142,8 @@ struct world {
 	int kill_rank; /* ≥ 0: that rank leaves after enabling; the others must fail */
 	kolo_status_t st[NMAX];
 	enum kolo_ring_algo algo_small, algo_big;
+	enum kolo_ring_algo zone_algo_big;
+	size_t chunks_big;
 };
 
 static kolo_status_t lookup(void *ctx, int rank, struct kolo_transport_handle *out, int timeout_ms)
@@ -207,11 +212,25 @@ static void *rank_main(void *p)
 	};
 	if (st == KOLO_OK)
 		st = kolo_ring_hier_enable(rc, &hc, &eb);
+	struct kolo_ring_comm *cross = st == KOLO_OK ? kolo_ring_hier_sub(rc, true) : NULL;
+	if (cross && w->Z > 0) { /* hosts in zones: a level under the cross comm */
+		struct kolo_ring_hier_config zc = {
+		        .mode = w->zone_mode,
+		        .local_size = w->H / w->Z,
+		        .cross_size = w->Z,
+		        .shm = net,
+		        .net = {net.alpha_us, w->zone_gbps > 0 ? w->zone_gbps : net.gbytes_per_s},
+		        .shared_link = true,
+		};
+		st = kolo_ring_hier_enable(cross, &zc, &eb);
+	}
 	if (st != KOLO_OK)
 		wfail(w, eb.msg, r);
 	if (r == 0 && st == KOLO_OK) {
 		w->algo_small = kolo_ring_allreduce_algo(rc, 8);
 		w->algo_big = kolo_ring_allreduce_algo(rc, 64u << 20);
+		w->zone_algo_big = kolo_ring_allreduce_algo(cross, 32u << 20);
+		w->chunks_big = kolo_ring_allreduce_chunks(rc, 64u << 20);
 	}
 	const size_t count = 300001; /* odd: uneven blocks at both levels */
 	float *buf = malloc(count * sizeof(float)), *out = malloc(count * sizeof(float));
@@ -322,6 +341,65 @@ START_TEST(test_hier_auto_probe)
 }
 END_TEST
 
+/* 4 hosts of 2 ranks in 2 zones: the cross comm (one rank per host) has a
+ * zone level of its own, which the host level's cross stage takes (without
+ * the host level's pipeline); sums right, bits alike on every rank. */
+START_TEST(test_hier_nested_zones)
+{
+	struct world w = {.n = 8,
+	                  .L = 2,
+	                  .H = 4,
+	                  .Z = 2,
+	                  .mode = KOLO_RING_HIER_ON,
+	                  .zone_mode = KOLO_RING_HIER_ON,
+	                  .kill_rank = -1};
+	ck_assert_int_eq(world_run(&w), 0);
+	for (int r = 1; r < w.n; r++)
+		ck_assert_msg(w.hash[r] == w.hash[0], "rank %d's bits differ from rank 0's", r);
+	ck_assert_int_eq(w.algo_big, KOLO_RING_ALGO_HIER);
+	ck_assert_int_eq(w.zone_algo_big, KOLO_RING_ALGO_HIER);
+	ck_assert_uint_eq(w.chunks_big, 1);
+}
+END_TEST
+
+/* In auto mode, with the link between zones 8 times slower than the hosts'
+ * links, the model takes the zone level for a large cross block, and the
+ * host level then runs its stages one after another. */
+START_TEST(test_hier_zones_auto)
+{
+	struct world w = {.n = 8,
+	                  .L = 2,
+	                  .H = 4,
+	                  .Z = 2,
+	                  .mode = KOLO_RING_HIER_ON,
+	                  .zone_mode = KOLO_RING_HIER_AUTO,
+	                  .kill_rank = -1};
+	w.zone_gbps = net.gbytes_per_s / 8;
+	ck_assert_int_eq(world_run(&w), 0);
+	for (int r = 1; r < w.n; r++)
+		ck_assert_msg(w.hash[r] == w.hash[0], "rank %d's bits differ from rank 0's", r);
+	ck_assert_int_eq(w.zone_algo_big, KOLO_RING_ALGO_HIER);
+	ck_assert_uint_eq(w.chunks_big, 1);
+}
+END_TEST
+
+/* A rank of the zone level's comms leaves: every other rank fails. */
+START_TEST(test_hier_nested_peer_leaves)
+{
+	struct world w = {.n = 8,
+	                  .L = 2,
+	                  .H = 4,
+	                  .Z = 2,
+	                  .mode = KOLO_RING_HIER_ON,
+	                  .zone_mode = KOLO_RING_HIER_ON,
+	                  .kill_rank = 5};
+	world_run(&w);
+	for (int r = 0; r < 8; r++)
+		if (r != 5)
+			ck_assert_int_ne(w.st[r], KOLO_OK);
+}
+END_TEST
+
 START_TEST(test_hier_peer_leaves)
 {
 	struct world w = {.n = 4, .L = 2, .H = 2, .mode = KOLO_RING_HIER_ON, .kill_rank = 3};
@@ -347,6 +425,9 @@ static Suite *hier_suite(void)
 	tcase_add_test(tc, test_hier_2x3);
 	tcase_add_test(tc, test_hier_auto_probe);
 	tcase_add_test(tc, test_hier_peer_leaves);
+	tcase_add_test(tc, test_hier_nested_zones);
+	tcase_add_test(tc, test_hier_zones_auto);
+	tcase_add_test(tc, test_hier_nested_peer_leaves);
 	suite_add_tcase(s, tc);
 	return s;
 }

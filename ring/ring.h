@@ -178,6 +178,11 @@ struct kolo_ring_hier_config {
 	struct kolo_ring_link_cost net; /* one host's link to the others */
 	bool probe;       /* measure both costs at enable (then agreed by a MAX allreduce) */
 	bool small_model; /* set the small-message thresholds from the model, not the config */
+	/* The local and cross stages share each member's link (a zone level: the
+	 * network inside a zone and the one between zones both go through the
+	 * host's link, whose cost is `shm`): the model bounds the hierarchy
+	 * below by the bytes through that link, however the stages overlap. */
+	bool shared_link;
 	size_t local_segment_bytes; /* segment of the sub-comm inside a host; 0: the parent's */
 	/* Pipeline chunk of the hierarchy: an allreduce of S bytes runs in
 	 * kolo_ring_hier_chunks(S, pipeline_bytes) chunks whose stages overlap.
