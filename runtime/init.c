@@ -103,8 +103,7 @@ static kolo_status_t lookup_peer(void *ctx, int rank, struct kolo_transport_hand
 	return KOLO_OK;
 }
 
-/* true when param names a value meaning "off" / "on". */
-static bool param_is(enum kolo_param_id id, const char *a, const char *b, const char *c)
+bool kolo_runtime_param_is(enum kolo_param_id id, const char *a, const char *b, const char *c)
 {
 	const char *v = kolo_param_str(id);
 	return strcasecmp(v, a) == 0 || strcasecmp(v, b) == 0 || strcasecmp(v, c) == 0;
@@ -116,9 +115,9 @@ static bool param_is(enum kolo_param_id id, const char *a, const char *b, const 
  * data we wait for may be runnable on our CPU (docs/performance.md). */
 static bool spin_yield(const struct kolo_rdzv_assignment *a)
 {
-	if (param_is(KOLO_P_SPIN_YIELD, "1", "on", "true"))
+	if (kolo_runtime_param_is(KOLO_P_SPIN_YIELD, "1", "on", "true"))
 		return true;
-	if (param_is(KOLO_P_SPIN_YIELD, "0", "off", "false"))
+	if (kolo_runtime_param_is(KOLO_P_SPIN_YIELD, "0", "off", "false"))
 		return false;
 	return a->local_size > kolo_cpu_count();
 }
@@ -126,7 +125,7 @@ static bool spin_yield(const struct kolo_rdzv_assignment *a)
 /* Peers on this host go through shared memory unless KOLO_SHM=0. */
 static bool shm_enabled(void)
 {
-	return !param_is(KOLO_P_SHM, "0", "off", "false");
+	return !kolo_runtime_param_is(KOLO_P_SHM, "0", "off", "false");
 }
 
 /* The ring's pipeline segment: KOLO_SEGMENT_BYTES, or by default 64 KiB for
@@ -139,61 +138,6 @@ static size_t segment_bytes(bool all_shm)
 	if (v > 0)
 		return (size_t)v;
 	return all_shm ? 64u << 10 : 256u << 10;
-}
-
-/* Hierarchical allreduce (docs/hierarchical.md) when there are several hosts
- * with the same number of ranks each, contiguous per host. Every rank sees
- * the same members, so every rank decides alike. */
-static kolo_status_t hier_setup(struct kolo_comm *comm)
-{
-	const struct kolo_rdzv_assignment *a = &comm->assignment;
-	const int n = a->size, L = a->local_size, H = a->cross_size;
-	if (param_is(KOLO_P_HIERARCHICAL, "0", "off", "false") || L < 2 || H < 2 || L * H != n)
-		return KOLO_OK;
-	const char **host = calloc((size_t)n, sizeof(*host));
-	if (!host)
-		return kolo_comm_fail(comm, KOLO_ENOMEM, "out of memory");
-	for (int i = 0; i < a->n_members; i++)
-		if (a->members[i].rank >= 0 && a->members[i].rank < n)
-			host[a->members[i].rank] = a->members[i].host;
-	bool even = true;
-	for (int r = 0; r < n && even; r++)
-		even = host[r] && strcmp(host[r], host[r - r % L]) == 0 &&
-		       (r % L != 0 || r == 0 || strcmp(host[r], host[r - L]) != 0);
-	free(host);
-	if (!even) {
-		KOLO_INFO(SUBSYS, "hosts hold different numbers of ranks: flat allreduce only");
-		return KOLO_OK;
-	}
-	bool on = param_is(KOLO_P_HIERARCHICAL, "1", "on", "true");
-	struct kolo_ring_hier_config hc = {
-	        .mode = on ? KOLO_RING_HIER_ON : KOLO_RING_HIER_AUTO,
-	        .local_size = L,
-	        .cross_size = H,
-	        .shm = {kolo_param_float(KOLO_P_COST_SHM_US),
-	                kolo_param_float(KOLO_P_COST_SHM_GBPS)},
-	        .net = {kolo_param_float(KOLO_P_COST_NET_US),
-	                kolo_param_float(KOLO_P_COST_NET_GBPS)},
-	        .probe = !on && kolo_param_bool(KOLO_P_COST_PROBE),
-	        .small_model =
-	                strcmp(kolo_param_source(KOLO_P_SMALL_ALLREDUCE_BYTES), "default") == 0,
-	        .local_segment_bytes = segment_bytes(shm_enabled()),
-	        .pipeline_bytes = kolo_param_int(KOLO_P_HIER_CHUNK_BYTES) < 0
-	                                  ? SIZE_MAX
-	                                  : (size_t)kolo_param_int(KOLO_P_HIER_CHUNK_BYTES),
-	};
-	struct kolo_errbuf eb = {{0}};
-	kolo_status_t st = kolo_ring_hier_enable(comm->ring, &hc, &eb);
-	if (st != KOLO_OK)
-		return kolo_comm_fail(comm, st, "connecting the hierarchy: %s", eb.msg);
-	struct kolo_ring_link_cost shm, net;
-	kolo_ring_hier_costs(comm->ring, &shm, &net);
-	KOLO_INFO(SUBSYS,
-	          "hierarchical allreduce %s: %d hosts x %d ranks; shm %.1f us %.2f GB/s, net %.1f "
-	          "us %.3f GB/s (%s)",
-	          on ? "on" : "auto", H, L, shm.alpha_us, shm.gbytes_per_s, net.alpha_us,
-	          net.gbytes_per_s, hc.probe ? "measured" : "configured");
-	return KOLO_OK;
 }
 
 /* The transport configuration for the current assignment (the data plane's
@@ -288,8 +232,9 @@ kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm)
 	        .timeout_ms = comm->timeout_ms,
 	        .spin_us = (int)kolo_param_int(KOLO_P_SPIN_US),
 	        .spin_yield = spin_yield(a),
-	        .spin_yield_after_us = param_is(KOLO_P_SPIN_YIELD, "0", "off", "false") ? 0 : 5,
-	        .spin_move = !param_is(KOLO_P_SPIN_MOVE, "0", "off", "false") &&
+	        .spin_yield_after_us =
+	                kolo_runtime_param_is(KOLO_P_SPIN_YIELD, "0", "off", "false") ? 0 : 5,
+	        .spin_move = !kolo_runtime_param_is(KOLO_P_SPIN_MOVE, "0", "off", "false") &&
 	                     a->local_size <= kolo_cpu_count(),
 	};
 	kolo_flight_reset_members(comm->flight, NULL, a->rank, a->size, NULL);
@@ -298,7 +243,7 @@ kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm)
 	kolo_status_t st = kolo_ring_comm_create(&rc, &comm->ring, &eb);
 	if (st != KOLO_OK)
 		return kolo_comm_fail(comm, st, "connecting the ring: %s", eb.msg);
-	return hier_setup(comm);
+	return kolo_runtime_hierarchy_setup(comm, segment_bytes(shm_enabled()));
 }
 
 /* Creates the data plane for the current assignment: transport, its

@@ -160,6 +160,12 @@ kolo_status_t kolo_runtime_transport_create(struct kolo_comm *comm,
 struct kolo_transport_config;
 void kolo_runtime_transport_config(struct kolo_comm *comm, struct kolo_transport_config *out);
 kolo_status_t kolo_runtime_ring_create(struct kolo_comm *comm);
+/* The hierarchical allreduce's levels on comm->ring where the round allows
+ * and the parameters ask (hierarchy.c; docs/hierarchical.md): hosts, and
+ * under them zones. local_segment_bytes: the pipeline segment inside a host. */
+kolo_status_t kolo_runtime_hierarchy_setup(struct kolo_comm *comm, size_t local_segment_bytes);
+/* Whether the parameter's value is a, b or c, ignoring case. */
+bool kolo_runtime_param_is(enum kolo_param_id id, const char *a, const char *b, const char *c);
 /* The transport between hosts that KOLO_TRANSPORT asks for (net_select.c):
  * TCP, verbs (an error without an active RDMA port), or auto (verbs when
  * every rank of the round has one, agreed through the KV). Logs the choice. */

@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# Zone-aware rings on namespace hosts: 4 hosts (1 rank each) in two zones, z0 = {h0, h2} and
-# z1 = {h1, h3}, whose only link between them is shaped to RATE Mbit/s (kolo-netns.sh --zones
-# 2 --zone-rate RATE); links inside a zone are not shaped. The hosts join in the order h0, h1,
-# h2, h3 (zones z0, z1, z0, z1), so ranks by join order make a ring that crosses between the
-# zones 4 times (twice each way over the one link); with KOLO_ZONE set, the rendezvous ranks
-# h0 h2 h1 h3 and the ring crosses twice (once each way).
+# Zone-aware allreduce on namespace hosts: 4 hosts (1 rank each) in two zones, z0 = {h0, h2}
+# and z1 = {h1, h3}, whose only link between them is shaped to RATE Mbit/s (kolo-netns.sh
+# --zones 2 --zone-rate RATE); links inside a zone are not shaped. The hosts join in the order
+# h0, h1, h2, h3 (zones z0, z1, z0, z1). Three modes:
+#   none   no KOLO_ZONE: ranks by join order make a ring that crosses between the zones 4
+#          times (twice each way over the one link);
+#   ring   KOLO_ZONE set, KOLO_HIERARCHICAL_ZONES=0: the rendezvous ranks h0 h2 h1 h3, and the
+#          one ring crosses twice (once each way);
+#   level  KOLO_ZONE set, the zone level on auto (docs/hierarchical.md, "Zones"): reduce
+#          inside each zone, allreduce between the zones, spread inside each zone; where the
+#          cost model (its links measured at set-up) picks it, each zone link direction
+#          carries the buffer once instead of 1.5 times.
 #
 #   bench/netns/zones.sh [RATE [REPS [MIN MAX]]]   (defaults: 500 3 1M 64M, sizes x4)
 #
-# Runs kolo-bench allreduce (float32, ITERS timed iterations, default 5, 1 warm-up) REPS
-# times without and with KOLO_ZONE, alternating, and prints every run's rank order and busbw
-# (GB/s), then per size the median busbw (MB/s) of each, their ratio, and the physical limit:
-# busbw equals the bytes every ring link carries per second, so a ring that crosses once each
-# way can reach the zone link's rate, one that crosses twice each way half of it.
-# Exits 1 when a zone-aware round does not give each zone contiguous ranks, 2 on setup errors.
+# Runs kolo-bench allreduce (float32, ITERS timed iterations, default 5, 1 warm-up; CHECK=1
+# adds --check, every element against a float64 reference) REPS times in each mode, in turn,
+# and prints every run's rank order and busbw (GB/s), then per size the median busbw (MB/s)
+# of each mode, the ratios, and the physical limits: busbw is bytes x 2(n-1)/n per second,
+# so a ring that crosses once each way can reach the zone link's rate, one that crosses
+# twice each way half of it, and the zone level 2(n-1)/n = 1.5 times it.
+# Exits 1 when a zone-aware round does not give each zone contiguous ranks or a kolorun
+# fails, 2 on setup errors.
 #
 # Environment: KOLO_BIN (kolorun, kolo-rendezvous, kolo-bench; default build/bin), OUT (raw
-# outputs; default a new folder under /tmp), ITERS. Needs root.
+# outputs, with each rank's log at info level in level.R.hN; default a new folder under
+# /tmp), ITERS, CHECK, MODES (default "none ring level"). Needs root.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +34,8 @@ netns=$root/tests/netns/kolo-netns.sh
 bin=${KOLO_BIN:-$root/build/bin}
 out=${OUT:-$(mktemp -d /tmp/kolo-zones-bench.XXXXXX)}
 rate=${1:-500} reps=${2:-3} min=${3:-1M} max=${4:-64M} iters=${ITERS:-5}
+modes=${MODES:-none ring level} check=()
+[ "${CHECK:-0}" = 1 ] && check=(--check)
 prefix=kzb$$
 H=4
 mkdir -p "$out"
@@ -74,34 +85,37 @@ wait_for() {
 	return 1
 }
 
-# run NAME zones|none: one job, the hosts joining one after another (each waits for the one
-# before to be registered); prints its rank order and rank 0's table.
-njob=0
+# run NAME none|ring|level: one job, the hosts joining one after another (each waits for the
+# one before to be registered); prints its rank order and rank 0's table.
 run() {
-	local name=$1 mode=$2 job h jpids=() zone
-	njob=$((njob + 1))
-	job=z$njob
+	local name=$1 mode=$2 job=z-${1//./-} h jpids=() zone level=0 log=warn
+	[ "$mode" = level ] && level=auto log=info
 	for ((h = 0; h < H; h++)); do
 		zone=""
-		[ "$mode" = zones ] && zone=$("$netns" --prefix "$prefix" zone "$h")
-		"$netns" --prefix "$prefix" exec "$h" env KOLO_LOG_LEVEL=warn KOLO_ZONE="$zone" \
+		[ "$mode" != none ] && zone=$("$netns" --prefix "$prefix" zone "$h")
+		"$netns" --prefix "$prefix" exec "$h" env KOLO_LOG_LEVEL=$log KOLO_ZONE="$zone" \
+			KOLO_HIERARCHICAL_ZONES=$level \
 			timeout -k 5 600 "$bin/kolorun" --rendezvous "$url" --job "$job" --host "h$h" \
 			-np 1 --min-np "$H" --max-np "$H" -- "$bin/kolo-bench" allreduce -b "$min" \
-			-e "$max" -f 4 -d float32 -n "$iters" -w 1 >"$out/$name.h$h" 2>&1 &
+			-e "$max" -f 4 -d float32 -n "$iters" -w 1 "${check[@]}" >"$out/$name.h$h" 2>&1 &
 		jpids+=($!)
 		wait_for "$job" "(.waiting | length) + (.members | length) >= $((h + 1))"
 	done
 	wait_for "$job" '.members | length == '"$H"
 	local order
 	order=$(status "$job" | jq -r '[.members[] | .host + "/" + (.zone // "-")] | join(" ")')
-	echo "## $name: KOLO_ZONE $mode; ranks: $order; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+	echo "## $name: mode $mode; ranks: $order; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 	echo "$order" >"$out/$name.order"
 	local rc=0
 	for p in "${jpids[@]}"; do
 		wait "$p" || rc=$?
 	done
 	grep -h -E '^\[0\] ' "$out/$name".h* | grep -v ' kolo ' | sed 's/^\[0\] //'
-	[ "$rc" = 0 ] || echo "## $name: a kolorun exited $rc (see $out/$name.h*)"
+	grep -h -o 'zone level .*' "$out/$name".h* | head -1 | sed 's/^/## /' || true
+	[ "$rc" = 0 ] || {
+		echo "## $name: a kolorun exited $rc (see $out/$name.h*)"
+		return 1
+	}
 }
 
 # contiguous ORDER: every zone's ranks form one interval (ORDER: "host/zone ..." by rank).
@@ -110,30 +124,32 @@ contiguous() {
 }
 
 echo "# zones: z0 = h0 h2, z1 = h1 h3; zone link $rate Mbit/s each way, unshaped inside zones"
-echo "# kolo-bench allreduce float32 $min..$max x4, $iters iterations; $reps repetitions"
+echo "# kolo-bench allreduce float32 $min..$max x4, $iters iterations ${check[*]}; $reps repetitions"
 bad=0
 for ((r = 1; r <= reps; r++)); do
-	for mode in none zones; do
-		run "$mode.$r" "$mode" | tee "$out/$mode.$r.table"
-		if [ "$mode" = zones ] && ! contiguous "$(cat "$out/$mode.$r.order")"; then
+	for mode in $modes; do
+		run "$mode.$r" "$mode" | tee "$out/$mode.$r.table" || bad=1
+		if [ "$mode" != none ] && ! contiguous "$(cat "$out/$mode.$r.order")"; then
 			echo "## $mode.$r: zones are not contiguous" >&2
 			bad=1
 		fi
 	done
 done
 
-# Per size: median busbw without and with zones, their ratio, and the limits. busbw in MB/s
-# from the mean time (column 5, us): bytes / time x 2(n-1)/n, finer than the table's GB/s.
+# Per size: the median busbw of each mode, the ratios, and the limits. busbw in MB/s from
+# the mean time (column 5, us): bytes / time x 2(n-1)/n, finer than the table's GB/s.
 link=$(awk -v r="$rate" 'BEGIN {print r / 8}')
 echo
 echo "# median busbw (MB/s) of $reps runs; the zone link: $rate Mbit/s = $link MB/s each way"
-for mode in none zones; do
+for mode in $modes; do
 	cat "$out/$mode".*.table |
 		awk -v m="$mode" -v f="$(awk -v n="$H" 'BEGIN {print 2 * (n - 1) / n}')" \
 			'!/^#/ && NF >= 9 && $5 > 0 {print m, $1, $1 / $5 * f}'
-done | awk -v link="$link" '
+done | awk -v link="$link" -v f="$(awk -v n="$H" 'BEGIN {print 2 * (n - 1) / n}')" '
 	function median(s, a, k, i, j, t) {
 		k = split(s, a, " ")
+		if (k == 0)
+			return 0
 		for (i = 1; i <= k; i++)
 			for (j = i + 1; j <= k; j++)
 				if (a[j] + 0 < a[i] + 0) {t = a[i]; a[i] = a[j]; a[j] = t}
@@ -141,12 +157,13 @@ done | awk -v link="$link" '
 	}
 	{v[$1 " " $2] = v[$1 " " $2] " " $3; if (!($2 in seen)) {seen[$2] = 1; order[n++] = $2}}
 	END {
-		printf "%10s %12s %12s %7s %14s %14s\n", "bytes", "no-zone", "zone", "ratio",
-			"limit(4 cross)", "limit(2 cross)"
+		printf "%10s %9s %9s %9s %10s %11s %9s %9s %9s\n", "bytes", "none", "ring", "level",
+			"ring/none", "level/ring", "lim-none", "lim-ring", "lim-level"
 		for (i = 0; i < n; i++) {
-			s = order[i]; a = median(v["none " s]); b = median(v["zones " s])
-			printf "%10s %12.1f %12.1f %7.2f %14.1f %14.1f\n", s, a, b, (a > 0 ? b / a : 0),
-				link / 2, link
+			s = order[i]; a = median(v["none " s]); b = median(v["ring " s])
+			c = median(v["level " s])
+			printf "%10s %9.1f %9.1f %9.1f %10.2f %11.2f %9.1f %9.1f %9.1f\n", s, a, b, c,
+				(a > 0 ? b / a : 0), (b > 0 ? c / b : 0), link / 2, link, link * f
 		}
 	}'
 exit "$bad"
