@@ -213,6 +213,12 @@ enum kolo_ring_algo ring_hier_choose(const struct kolo_ring_hier *h, size_t byte
 	const struct kolo_ring_config *pc = kolo_ring_comm_config(h->parent);
 	if (!h->cfg.small_model && bytes <= pc->small_allreduce_bytes)
 		return KOLO_RING_ALGO_SMALL;
+	/* Where a zone level under the cross comm takes the cross block, the
+	 * links between zones are what counts, and this level's model does not
+	 * see them: the flat ring would cross them most, 2(n-1)/n S each way. */
+	const struct kolo_ring_hier *zone = h->cross->hier;
+	if (zone && ring_hier_choose(zone, bytes / (size_t)h->L) == KOLO_RING_ALGO_HIER)
+		return KOLO_RING_ALGO_HIER;
 	double best = INFINITY;
 	enum kolo_ring_algo algo = KOLO_RING_ALGO_RING;
 	for (int a = KOLO_RING_ALGO_RING; a <= KOLO_RING_ALGO_HIER; a++) {

@@ -25,7 +25,9 @@
 #
 # Environment: KOLO_BIN (kolorun, kolo-rendezvous, kolo-bench; default build/bin), OUT (raw
 # outputs, with each rank's log at info level in level.R.hN; default a new folder under
-# /tmp), ITERS, CHECK, MODES (default "none ring level"). Needs root.
+# /tmp), ITERS, CHECK, MODES (default "none ring level"), NP (ranks per host, default 1:
+# with 2 or more, the zone level sits under the host level's cross comm, and n = 4 NP in
+# the busbw factor 2(n-1)/n). Needs root.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,7 +39,7 @@ rate=${1:-500} reps=${2:-3} min=${3:-1M} max=${4:-64M} iters=${ITERS:-5}
 modes=${MODES:-none ring level} check=()
 [ "${CHECK:-0}" = 1 ] && check=(--check)
 prefix=kzb$$
-H=4
+H=4 np=${NP:-1} n=$((4 * ${NP:-1}))
 mkdir -p "$out"
 
 [ "$(id -u)" -eq 0 ] || {
@@ -96,12 +98,12 @@ run() {
 		"$netns" --prefix "$prefix" exec "$h" env KOLO_LOG_LEVEL=$log KOLO_ZONE="$zone" \
 			KOLO_HIERARCHICAL_ZONES=$level \
 			timeout -k 5 600 "$bin/kolorun" --rendezvous "$url" --job "$job" --host "h$h" \
-			-np 1 --min-np "$H" --max-np "$H" -- "$bin/kolo-bench" allreduce -b "$min" \
+			-np "$np" --min-np "$n" --max-np "$n" -- "$bin/kolo-bench" allreduce -b "$min" \
 			-e "$max" -f 4 -d float32 -n "$iters" -w 1 "${check[@]}" >"$out/$name.h$h" 2>&1 &
 		jpids+=($!)
-		wait_for "$job" "(.waiting | length) + (.members | length) >= $((h + 1))"
+		wait_for "$job" "(.waiting | length) + (.members | length) >= $(((h + 1) * np))"
 	done
-	wait_for "$job" '.members | length == '"$H"
+	wait_for "$job" '.members | length == '"$n"
 	local order
 	order=$(status "$job" | jq -r '[.members[] | .host + "/" + (.zone // "-")] | join(" ")')
 	echo "## $name: mode $mode; ranks: $order; load: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -143,9 +145,9 @@ echo
 echo "# median busbw (MB/s) of $reps runs; the zone link: $rate Mbit/s = $link MB/s each way"
 for mode in $modes; do
 	cat "$out/$mode".*.table |
-		awk -v m="$mode" -v f="$(awk -v n="$H" 'BEGIN {print 2 * (n - 1) / n}')" \
+		awk -v m="$mode" -v f="$(awk -v n="$n" 'BEGIN {print 2 * (n - 1) / n}')" \
 			'!/^#/ && NF >= 9 && $5 > 0 {print m, $1, $1 / $5 * f}'
-done | awk -v link="$link" -v f="$(awk -v n="$H" 'BEGIN {print 2 * (n - 1) / n}')" '
+done | awk -v link="$link" -v f="$(awk -v n="$n" 'BEGIN {print 2 * (n - 1) / n}')" '
 	function median(s, a, k, i, j, t) {
 		k = split(s, a, " ")
 		if (k == 0)
