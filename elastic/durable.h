@@ -52,6 +52,10 @@ kolo_status_t kolo_durable_writer_create(const char *path, kolo_durable_written_
  * unless a newer put replaces it first. KOLO_ENOMEM. */
 kolo_status_t kolo_durable_writer_put(struct kolo_durable_writer *w, const void *data, size_t len,
                                       int64_t commit);
+/* Waits up to wait_ms for the write in progress and the one waiting (a
+ * worker about to be preempted); the thread goes on. true when both are
+ * done. Accepts NULL. */
+bool kolo_durable_writer_wait(struct kolo_durable_writer *w, int wait_ms);
 /* Waits up to wait_ms for the write in progress and the one waiting, then
  * stops the thread and frees. A writer still busy after wait_ms is left to
  * finish on its own (false); true when it was stopped. Accepts NULL. */

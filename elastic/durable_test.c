@@ -158,6 +158,41 @@ START_TEST(test_writer)
 }
 END_TEST
 
+/* A write that ends only when the test writes a byte to the pipe (its
+ * callback reads it): a write in flight, for kolo_durable_writer_wait. */
+static int gate[2];
+
+static void on_written_gated(void *arg, int64_t commit, size_t len, kolo_status_t st,
+                             const char *err)
+{
+	char b;
+	ck_assert_int_eq(read(gate[0], &b, 1), 1);
+	on_written(arg, commit, len, st, err);
+}
+
+START_TEST(test_writer_wait)
+{
+	struct kolo_durable_writer *w;
+	struct seen seen = {0};
+	ck_assert_int_eq(pipe(gate), 0);
+	ck_assert_int_eq(kolo_durable_writer_create(path, on_written_gated, &seen, &w), KOLO_OK);
+	ck_assert(kolo_durable_writer_wait(w, 0)); /* nothing in flight */
+	ck_assert_int_eq(kolo_durable_writer_put(w, "x", 1, 7), KOLO_OK);
+	ck_assert(!kolo_durable_writer_wait(w, 50)); /* in flight: not done in time */
+	ck_assert_int_eq(write(gate[1], "g", 1), 1);
+	ck_assert(kolo_durable_writer_wait(w, 10000));
+	ck_assert_int_eq(seen.calls, 1);
+	ck_assert_int_eq(seen.commit, 7);
+	/* The writer goes on after a wait. */
+	ck_assert_int_eq(write(gate[1], "g", 1), 1);
+	ck_assert_int_eq(kolo_durable_writer_put(w, "yz", 2, 8), KOLO_OK);
+	ck_assert(kolo_durable_writer_destroy(w, 10000));
+	ck_assert_int_eq(seen.commit, 8);
+	close(gate[0]);
+	close(gate[1]);
+}
+END_TEST
+
 START_TEST(test_writer_error_not_fatal)
 {
 	struct kolo_durable_writer *w;
@@ -216,6 +251,7 @@ static Suite *durable_suite(void)
 	tcase_add_test(tc, test_round_trip_and_replace);
 	tcase_add_test(tc, test_damaged_refused);
 	tcase_add_test(tc, test_writer);
+	tcase_add_test(tc, test_writer_wait);
 	tcase_add_test(tc, test_writer_error_not_fatal);
 	tcase_add_test(tc, test_pack_unpack);
 	suite_add_tcase(s, tc);

@@ -125,6 +125,21 @@ kolo_status_t kolo_durable_writer_put(struct kolo_durable_writer *w, const void 
 	return KOLO_OK;
 }
 
+bool kolo_durable_writer_wait(struct kolo_durable_writer *w, int wait_ms)
+{
+	if (!w)
+		return true;
+	struct timespec until;
+	kolo_deadline_ts(&until, CLOCK_REALTIME, wait_ms);
+	pthread_mutex_lock(&w->lock);
+	int rc = 0;
+	while ((w->busy || w->has_pending) && rc != ETIMEDOUT)
+		rc = pthread_cond_timedwait(&w->idle, &w->lock, &until);
+	bool idle = !w->busy && !w->has_pending;
+	pthread_mutex_unlock(&w->lock);
+	return idle;
+}
+
 bool kolo_durable_writer_destroy(struct kolo_durable_writer *w, int wait_ms)
 {
 	if (!w)
