@@ -18,6 +18,7 @@
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_kind;
 static char g_text[512];
+static int64_t g_deadline = -1; /* the notice's deadline, CLOCK_MONOTONIC ms */
 
 /* Records kind (1 hint, 2 notice) unless a stronger one is there; true
  * when it was recorded. */
@@ -31,6 +32,28 @@ bool pw_record(int kind, const char *text)
 	}
 	pthread_mutex_unlock(&g_lock);
 	return rec;
+}
+
+int64_t pw_record_deadline(int64_t unix_ms)
+{
+	/* On the monotonic clock from here on: a step of the wall clock (NTP)
+	 * after the notice does not move it. */
+	int64_t now = (int64_t)kolo_now_ms();
+	int64_t at = now + unix_ms - (int64_t)(kolo_wall_us() / 1000);
+	pthread_mutex_lock(&g_lock);
+	bool rec = g_deadline < 0 || at < g_deadline;
+	if (rec)
+		g_deadline = at;
+	pthread_mutex_unlock(&g_lock);
+	return rec ? KOLO_MAX(at - now, 0) : -1;
+}
+
+int64_t kolo_preempt_deadline_ms(void)
+{
+	pthread_mutex_lock(&g_lock);
+	int64_t at = g_deadline;
+	pthread_mutex_unlock(&g_lock);
+	return at < 0 ? -1 : KOLO_MAX(at - (int64_t)kolo_now_ms(), 0);
 }
 
 int kolo_preempt_state(char *text, size_t len)
@@ -56,6 +79,8 @@ kolo_status_t kolo_preempt_config_load(struct kolo_preempt_config *cfg, struct k
 	int64_t poll = kolo_param_int(KOLO_P_PREEMPTION_POLL_MS);
 	cfg->poll_ms = (int)(poll <= 0 ? 1000 : KOLO_MIN(poll, 3600000));
 	cfg->rebalance_leave = kolo_param_bool(KOLO_P_PREEMPTION_REBALANCE_LEAVE);
+	cfg->margin_ms =
+	        (int)KOLO_MAX(KOLO_MIN(kolo_param_int(KOLO_P_PREEMPTION_MARGIN_MS), 3600000), 0);
 	kolo_preempt_base_url(getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"), false,
 	                      "http://169.254.169.254", aws, sizeof(aws));
 	kolo_preempt_base_url(getenv("GCE_METADATA_HOST"), true, "http://metadata.google.internal",
@@ -86,6 +111,32 @@ kolo_status_t kolo_preempt_config_load(struct kolo_preempt_config *cfg, struct k
 
 /* ---- the threads ---------------------------------------------------------- */
 
+/* After a notice with a deadline, on the thread that saw it: at the deadline
+ * less the margin, unless the worker finalized first (which stops this
+ * wait), the runtime takes the worker out of the job and the process exits
+ * as a worker that left: the cloud would stop it mid-step anyway. */
+static void await_deadline(struct watcher *w)
+{
+	struct kolo_preempt *p = w->p;
+	int64_t left;
+	while ((left = kolo_preempt_deadline_ms()) > p->cfg.margin_ms)
+		if (!pw_nap(p, (int)KOLO_MIN(left - p->cfg.margin_ms, 60000)))
+			return;
+	char text[512];
+	kolo_preempt_state(text, sizeof(text));
+	if (pw_stopping(p) || !p->cfg.on_deadline || !p->cfg.on_deadline(p->cfg.arg, text, left))
+		return;
+	char event[sizeof(p->azure_event)];
+	pthread_mutex_lock(&p->lock);
+	snprintf(event, sizeof(event), "%s", p->azure_event);
+	pthread_mutex_unlock(&p->lock);
+	if (event[0])
+		pw_azure_ack(p, event);
+	KOLO_WARN(SUBSYS, "%s: exiting with status 0, %lld ms before the deadline", w->name,
+	          (long long)kolo_preempt_deadline_ms());
+	_exit(0);
+}
+
 static void *watch_main(void *arg)
 {
 	struct watcher *w = arg;
@@ -103,6 +154,8 @@ static void *watch_main(void *arg)
 		pw_k8s_watch(w);
 		break;
 	}
+	if (w->deadline)
+		await_deadline(w);
 	return NULL;
 }
 

@@ -10,8 +10,12 @@
  * - k8s: the pod's own DisruptionTarget condition (SIGTERM is a leave
  *   already).
  * A notice calls kolo_elastic_request_leave(): the worker leaves at its next
- * commit point exactly as on SIGTERM. Off unless KOLO_PREEMPTION names the
- * providers (or "auto", which probes each endpoint once).
+ * commit point exactly as on SIGTERM. A notice's deadline (AWS's time, GCE's
+ * 30 s, Azure's NotBefore, the pod's deletionTimestamp) is logged and
+ * exposed; when no commit point came by the deadline less the margin, the
+ * runtime takes the worker out of the job at once and the process exits.
+ * Off unless KOLO_PREEMPTION names the providers (or "auto", which probes
+ * each endpoint once).
  *
  * The response parsers below are pure (no I/O) and unit-tested; the HTTP is
  * in preempt.c. */
@@ -20,6 +24,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core.h"
 
@@ -55,8 +60,21 @@ bool kolo_preempt_parse_azure(const char *body, size_t len, const char *vm, char
                               char *not_before, size_t nlen);
 /* A pod (GET /api/v1/namespaces/NS/pods/NAME): true when
  * status.conditions[] holds {"type": "DisruptionTarget", "status": "True"};
- * its reason and message go to reason ("" when absent). */
-bool kolo_preempt_parse_pod(const char *body, size_t len, char *reason, size_t rlen);
+ * its reason and message go to reason, metadata.deletionTimestamp (the end
+ * of the grace period, once the pod is deleted) to deleted ("" when
+ * absent). */
+bool kolo_preempt_parse_pod(const char *body, size_t len, char *reason, size_t rlen, char *deleted,
+                            size_t dlen);
+
+/* GCE gives no time: the instance stops 30 s after the notice. */
+#define KOLO_PREEMPT_GCE_NOTICE_MS 30000
+/* A notice's time into milliseconds since 1970 (UTC): RFC 3339 (AWS's
+ * "2026-12-07T14:32:00Z", Kubernetes' timestamps; fractions and a +hh:mm
+ * offset allowed) or RFC 1123 (Azure's "Mon, 07 Dec 2026 14:32:00 GMT").
+ * false for an empty or malformed time. */
+bool kolo_preempt_parse_time(const char *s, int64_t *unix_ms);
+/* unix_ms as "2026-12-07T14:32:00Z" (whole seconds). */
+void kolo_preempt_format_time(int64_t unix_ms, char *out, size_t size);
 
 /* The base URL of a metadata service from a standard override: AWS's
  * AWS_EC2_METADATA_SERVICE_ENDPOINT is a URL (a trailing '/' dropped);
@@ -77,6 +95,14 @@ struct kolo_preempt_config {
 	const char *k8s_token_file;                /* ca.crt and namespace are beside it */
 	const char *k8s_namespace;                 /* "" or NULL: the namespace file */
 	const char *k8s_pod;                       /* the pod's name */
+	int margin_ms;                             /* act this long before a notice's deadline */
+	/* Called on a watcher's thread at a notice's deadline less margin_ms,
+	 * unless kolo_preempt_destroy() came first; notice: the recorded line.
+	 * Returns true when it took the worker out of the job: the process then
+	 * exits at once with status 0, as a worker that left (an Azure event
+	 * acknowledged first). May be NULL. */
+	bool (*on_deadline)(void *arg, const char *notice, int64_t left_ms);
+	void *arg;
 };
 
 /* Reads the parameters (KOLO_PREEMPTION ...) and the providers' standard
@@ -99,5 +125,8 @@ void kolo_preempt_destroy(struct kolo_preempt *p, bool left);
  * early hint (the worker stays), 2 a notice (the worker leaves); text gets
  * one line naming the provider and the notice. */
 int kolo_preempt_state(char *text, size_t len);
+/* Milliseconds left until the deadline of the process's notice, 0 once it
+ * passed, -1 with no notice or a notice without a deadline. */
+int64_t kolo_preempt_deadline_ms(void);
 
 #endif /* KOLO_ELASTIC_PREEMPT_H */

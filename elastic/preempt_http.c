@@ -202,14 +202,24 @@ void pw_succeeded(struct watcher *w)
 	w->backoff_ms = 0;
 }
 
-void pw_notice(struct watcher *w, const char *what)
+void pw_notice(struct watcher *w, const char *what, int64_t deadline)
 {
 	char text[512];
 	snprintf(text, sizeof(text), "%.8s: %.480s", w->name, what);
-	if (pw_record(2, text))
+	bool first = pw_record(2, text);
+	int64_t left = deadline >= 0 ? pw_record_deadline(deadline) : -1;
+	if (left >= 0)
+		w->deadline = true;
+	if (first && left < 0)
 		KOLO_WARN(SUBSYS,
 		          "%s: preemption notice: %s: leaving the job at the next commit point",
 		          w->name, what);
+	else if (left >= 0)
+		KOLO_WARN(SUBSYS,
+		          "%s: %s%s, in %lld s: leaving the job at the next commit point, or at "
+		          "once %d ms before then (KOLO_PREEMPTION_MARGIN_MS)",
+		          w->name, first ? "preemption notice: " : "", what,
+		          (long long)((left + 500) / 1000), w->p->cfg.margin_ms);
 	kolo_elastic_request_leave();
 }
 

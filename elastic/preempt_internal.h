@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #define SUBSYS "preempt"
@@ -35,6 +36,7 @@ struct watcher {
 	bool logged;    /* "cannot reach" said since the last success */
 	bool reached;   /* one request succeeded */
 	int backoff_ms; /* next back-off */
+	bool deadline;  /* this thread recorded a notice's deadline: it waits for it */
 };
 
 struct kolo_preempt {
@@ -61,6 +63,9 @@ struct resp {
 /* Records kind (1 hint, 2 notice) unless a stronger one is there; true
  * when it was recorded (preempt.c). */
 bool pw_record(int kind, const char *text);
+/* Records a notice's deadline (ms since 1970) unless an earlier one is
+ * there; the ms left until it (0 when past), or -1 when not recorded. */
+int64_t pw_record_deadline(int64_t unix_ms);
 
 /* ---- preempt_http.c ---- */
 void pw_resp_fini(struct resp *r);
@@ -85,8 +90,10 @@ bool pw_failed(struct watcher *w, const char *url, const char *why);
 bool pw_failed_http(struct watcher *w, const char *url, CURLcode cc, const struct resp *r);
 void pw_succeeded(struct watcher *w);
 /* A preemption notice: recorded, logged once, and the worker leaves at its
- * next commit point. */
-void pw_notice(struct watcher *w, const char *what);
+ * next commit point. deadline: when the machine goes (ms since 1970; -1 not
+ * given), recorded for this thread to wait for; a deadline learnt after the
+ * notice (a pod deleted later) is given by calling it again. */
+void pw_notice(struct watcher *w, const char *what, int64_t deadline);
 /* An early hint (AWS's rebalance recommendation): recorded and logged. */
 void pw_hint(struct watcher *w, const char *what);
 /* Cuts trailing newlines and spaces. */

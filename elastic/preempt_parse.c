@@ -4,6 +4,7 @@
 
 #include <ctype.h>
 #include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -187,9 +188,11 @@ bool kolo_preempt_parse_azure(const char *body, size_t len, const char *vm, char
 	return found;
 }
 
-bool kolo_preempt_parse_pod(const char *body, size_t len, char *reason, size_t rlen)
+bool kolo_preempt_parse_pod(const char *body, size_t len, char *reason, size_t rlen, char *deleted,
+                            size_t dlen)
 {
 	copy_out(reason, rlen, "");
+	copy_out(deleted, dlen, "");
 	json_t *j = load(body, len);
 	if (!j)
 		return false;
@@ -214,8 +217,98 @@ bool kolo_preempt_parse_pod(const char *body, size_t len, char *reason, size_t r
 			break;
 		}
 	}
+	if (found)
+		copy_out(deleted, dlen,
+		         str_member(json_object_get(j, "metadata"), "deletionTimestamp"));
 	json_decref(j);
 	return found;
+}
+
+/* Days from 1970-01-01 to y-m-d of the proleptic Gregorian calendar
+ * (Howard Hinnant's days_from_civil): timegm() is not C11. */
+static int64_t days_from_civil(int64_t y, int m, int d)
+{
+	y -= m <= 2;
+	int64_t era = (y >= 0 ? y : y - 399) / 400;
+	int64_t yoe = y - era * 400;
+	int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+	int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+	return era * 146097 + doe - 719468;
+}
+
+static bool civil_ms(int y, int mo, int d, int h, int mi, int s, int64_t *out)
+{
+	if (y < 1970 || y > 9999 || mo < 1 || mo > 12 || d < 1 || d > 31 || h < 0 || h > 23 ||
+	    mi < 0 || mi > 59 || s < 0 || s > 60)
+		return false;
+	*out = ((days_from_civil(y, mo, d) * 24 + h) * 60 + mi) * 60000 + (int64_t)s * 1000;
+	return true;
+}
+
+/* RFC 3339: 2026-12-07T14:32:00Z, 2026-12-07T14:32:00.25+01:00. */
+static bool parse_rfc3339(const char *s, int64_t *out)
+{
+	int y, mo, d, h, mi, sec, n = 0;
+	if (sscanf(s, "%4d-%2d-%2d%*1[Tt ]%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &sec, &n) != 6 ||
+	    n != 19 || !civil_ms(y, mo, d, h, mi, sec, out))
+		return false;
+	s += n;
+	if (*s == '.') {
+		int64_t scale = 100;
+		for (s++; isdigit((unsigned char)*s); s++, scale /= 10)
+			*out += (*s - '0') * scale;
+	}
+	if ((*s == 'Z' || *s == 'z') && !s[1])
+		return true;
+	int oh, om;
+	n = 0;
+	if ((*s != '+' && *s != '-') || sscanf(s + 1, "%2d:%2d%n", &oh, &om, &n) != 2 || n != 5 ||
+	    s[6] || oh > 23 || om > 59)
+		return false;
+	*out -= (*s == '+' ? 1 : -1) * ((int64_t)oh * 60 + om) * 60000;
+	return true;
+}
+
+/* RFC 1123 (HTTP's date): Mon, 07 Dec 2026 14:32:00 GMT. */
+static bool parse_rfc1123(const char *s, int64_t *out)
+{
+	static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+	char wday[4], mon[4], zone[4];
+	int d, y, h, mi, sec, n = 0;
+	if (sscanf(s, "%3s, %2d %3s %4d %2d:%2d:%2d %3s%n", wday, &d, mon, &y, &h, &mi, &sec, zone,
+	           &n) != 8 ||
+	    s[n] || strlen(mon) != 3 || (strcmp(zone, "GMT") != 0 && strcmp(zone, "UTC") != 0))
+		return false;
+	const char *m = strstr(months, mon);
+	return m && (m - months) % 3 == 0 &&
+	       civil_ms(y, (int)(m - months) / 3 + 1, d, h, mi, sec, out);
+}
+
+bool kolo_preempt_parse_time(const char *s, int64_t *unix_ms)
+{
+	if (!s)
+		return false;
+	while (isspace((unsigned char)*s))
+		s++;
+	int64_t t;
+	if (!*s || !(isdigit((unsigned char)*s) ? parse_rfc3339(s, &t) : parse_rfc1123(s, &t)))
+		return false;
+	*unix_ms = t;
+	return true;
+}
+
+void kolo_preempt_format_time(int64_t unix_ms, char *out, size_t size)
+{
+	int64_t secs = unix_ms >= 0 ? unix_ms / 1000 : 0, days = secs / 86400;
+	int sod = (int)(secs % 86400);
+	/* civil_from_days, the inverse of days_from_civil. */
+	int64_t z = days + 719468, era = z / 146097, doe = z - era * 146097;
+	int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+	int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100), mp = (5 * doy + 2) / 153;
+	int d = (int)(doy - (153 * mp + 2) / 5 + 1), m = (int)(mp < 10 ? mp + 3 : mp - 9);
+	int64_t y = yoe + era * 400 + (m <= 2);
+	snprintf(out, size, "%04lld-%02d-%02dT%02d:%02d:%02dZ", (long long)y, m, d, sod / 3600,
+	         sod / 60 % 60, sod % 60);
 }
 
 void kolo_preempt_base_url(const char *override, bool host_only, const char *def, char *out,

@@ -62,7 +62,8 @@ void pw_aws_watch(struct watcher *w)
 		                                  sizeof(when))) {
 			snprintf(what, sizeof(what), "spot instance-action %s at %s", action,
 			         when[0] ? when : "(no time)");
-			pw_notice(w, what);
+			int64_t at;
+			pw_notice(w, what, kolo_preempt_parse_time(when, &at) ? at : -1);
 			break;
 		}
 		snprintf(url, sizeof(url), "%s/latest/meta-data/events/recommendations/rebalance",
@@ -74,7 +75,7 @@ void pw_aws_watch(struct watcher *w)
 			snprintf(what, sizeof(what), "rebalance recommendation (noticeTime %s)",
 			         when);
 			if (p->cfg.rebalance_leave) {
-				pw_notice(w, what);
+				pw_notice(w, what, -1); /* no deadline until an instance-action */
 				break;
 			}
 			pw_hint(w, what);
@@ -121,7 +122,13 @@ void pw_gce_watch(struct watcher *w)
 		}
 		pw_succeeded(w);
 		if (kolo_preempt_parse_gce(r.body, r.len)) {
-			pw_notice(w, "instance/preempted is TRUE");
+			/* GCE gives no time: documented as 30 s from the notice. */
+			int64_t at = (int64_t)(kolo_wall_us() / 1000) + KOLO_PREEMPT_GCE_NOTICE_MS;
+			char when[32], what[96];
+			kolo_preempt_format_time(at, when, sizeof(when));
+			snprintf(what, sizeof(what), "instance/preempted is TRUE, stopping at %s",
+			         when);
+			pw_notice(w, what, at);
 			break;
 		}
 		if (r.etag[0] && strspn(r.etag, "0123456789abcdefABCDEF-_") == strlen(r.etag)) {
@@ -187,8 +194,10 @@ void pw_azure_watch(struct watcher *w)
 			pthread_mutex_unlock(&p->lock);
 			snprintf(what, sizeof(what),
 			         "scheduled event Preempt %s for %s, not before %s", id,
-			         vm[0] ? vm : "this VM", nb[0] ? nb : "(no time)");
-			pw_notice(w, what);
+			         vm[0] ? vm : "this VM", nb[0] ? nb : "(no time: now)");
+			/* An empty NotBefore: the event may start at any moment. */
+			int64_t at = (int64_t)(kolo_wall_us() / 1000);
+			pw_notice(w, what, !nb[0] || kolo_preempt_parse_time(nb, &at) ? at : -1);
 			break;
 		}
 		if (!pw_nap(p, p->cfg.poll_ms))
@@ -289,6 +298,7 @@ void pw_k8s_watch(struct watcher *w)
 	snprintf(url, sizeof(url), "%s/api/v1/namespaces/%s/pods/%s", p->k8s_api, ns, p->k8s_pod);
 	struct resp r = {0};
 	char auth[8300];
+	bool noticed = false;
 	while (!pw_stopping(p)) {
 		read_small(p->k8s_token, token, sizeof(token)); /* the kubelet rotates it */
 		snprintf(auth, sizeof(auth), "Authorization: Bearer %s", token);
@@ -310,12 +320,24 @@ void pw_k8s_watch(struct watcher *w)
 			continue;
 		}
 		pw_succeeded(w);
-		char reason[300], what[1000];
-		if (kolo_preempt_parse_pod(r.body, r.len, reason, sizeof(reason))) {
-			snprintf(what, sizeof(what), "pod %s/%s has condition DisruptionTarget%s%s",
-			         ns, p->k8s_pod, reason[0] ? ": " : "", reason);
-			pw_notice(w, what);
-			break;
+		char reason[300], deleted[64], what[1100];
+		int64_t at;
+		if (kolo_preempt_parse_pod(r.body, r.len, reason, sizeof(reason), deleted,
+		                           sizeof(deleted))) {
+			/* The deadline is the end of the grace period, known once the
+			 * pod is deleted: until then the notice stands without one,
+			 * and the pod is read again. */
+			bool timed = kolo_preempt_parse_time(deleted, &at);
+			if (!noticed || timed) {
+				snprintf(what, sizeof(what),
+				         "pod %s/%s has condition DisruptionTarget%s%s%s%s", ns,
+				         p->k8s_pod, reason[0] ? ": " : "", reason,
+				         timed ? ", deleted at " : "", timed ? deleted : "");
+				pw_notice(w, what, timed ? at : -1);
+				noticed = true;
+			}
+			if (timed)
+				break;
 		}
 		if (!pw_nap(p, p->cfg.poll_ms))
 			break;

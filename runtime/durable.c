@@ -58,13 +58,16 @@ kolo_status_t kolo_runtime_durable_put(struct kolo_comm *comm, const void *data,
 	if (!comm->durable) {
 		char path[4096];
 		kolo_durable_path(path, sizeof(path), dir, comm->job);
-		kolo_status_t st =
-		        kolo_durable_writer_create(path, on_written, comm, &comm->durable);
+		struct kolo_durable_writer *w;
+		kolo_status_t st = kolo_durable_writer_create(path, on_written, comm, &w);
 		if (st != KOLO_OK) {
 			KOLO_WARN(SUBSYS, "durable commits: cannot start the writer: %s",
 			          kolo_strerror(st));
 			return st;
 		}
+		pthread_mutex_lock(&comm->deadline_lock); /* a notice's deadline reads it */
+		comm->durable = w;
+		pthread_mutex_unlock(&comm->deadline_lock);
 	}
 	return kolo_durable_writer_put(comm->durable, data, len, commit);
 }

@@ -271,6 +271,7 @@ struct kolo_comm *kolo_runtime_comm_new(void)
 		return NULL;
 	pthread_mutex_init(&comm->engine_lock, NULL);
 	pthread_mutex_init(&comm->elastic_lock, NULL);
+	pthread_mutex_init(&comm->deadline_lock, NULL);
 	pthread_mutex_init(&comm->device_lock, NULL);
 	pthread_mutex_init(&comm->p2p_lock, NULL);
 	atomic_init(&comm->aborted, false);
@@ -293,6 +294,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 {
 	if (!comm)
 		return;
+	kolo_runtime_preempt_disarm(comm);
 	kolo_runtime_sets_release(comm);
 	kolo_runtime_metrics_stop(comm);
 	kolo_runtime_diag_stop(comm);
@@ -313,6 +315,7 @@ void kolo_runtime_comm_free(struct kolo_comm *comm)
 	kolo_rdzv_assignment_fini(&comm->assignment);
 	pthread_mutex_destroy(&comm->engine_lock);
 	pthread_mutex_destroy(&comm->elastic_lock);
+	pthread_mutex_destroy(&comm->deadline_lock);
 	pthread_mutex_destroy(&comm->p2p_lock);
 	pthread_mutex_destroy(&comm->device_lock);
 	if (comm->token) {
@@ -561,6 +564,7 @@ KOLO_API kolo_status_t kolo_finalize(kolo_comm_t *comm)
 {
 	if (!comm)
 		return KOLO_OK;
+	kolo_runtime_preempt_disarm(comm);
 	/* The last durable commit on disk and recorded before the worker leaves. */
 	kolo_runtime_durable_stop(comm);
 	kolo_runtime_elastic_stop(comm);

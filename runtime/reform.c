@@ -113,10 +113,13 @@ kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm)
 	publish_live(comm);
 	kolo_elastic_watch(comm->elastic, comm->assignment.round, comm->assignment.rank);
 	/* Preemption notices (docs/spot.md): off unless KOLO_PREEMPTION says;
-	 * a notice is a leave at the next commit point, as SIGTERM. */
+	 * a notice is a leave at the next commit point, as SIGTERM, or at once
+	 * near its deadline (preempt_deadline.c). */
 	struct kolo_preempt_config pc;
-	if (kolo_preempt_config_load(&pc, &eb) != KOLO_OK ||
-	    kolo_preempt_create(&pc, &comm->preempt, &eb) != KOLO_OK)
+	st = kolo_preempt_config_load(&pc, &eb);
+	pc.on_deadline = kolo_runtime_preempt_deadline;
+	pc.arg = comm;
+	if (st != KOLO_OK || kolo_preempt_create(&pc, &comm->preempt, &eb) != KOLO_OK)
 		KOLO_WARN(SUBSYS, "not watching for preemption notices: %s", eb.msg);
 	return KOLO_OK;
 }
@@ -332,6 +335,7 @@ static kolo_status_t reform(struct kolo_comm *comm);
 
 void kolo_runtime_elastic_leave_job(struct kolo_comm *comm, const char *why)
 {
+	kolo_runtime_preempt_disarm(comm);
 	KOLO_INFO(SUBSYS, "leaving the job (%s)", why);
 	kolo_elastic_left(comm->elastic);
 	kolo_elastic_announce(comm->rdzv, comm->assignment.round, comm->assignment.rank, false);

@@ -81,6 +81,11 @@ struct kolo_comm {
 	uint64_t blocking_calls;
 	bool diag; /* holds a reference on the diagnosis thread (diag.c) */
 	struct kolo_durable_writer *durable; /* durable commits' writer (durable.c), or NULL */
+	/* A notice's deadline (preempt_deadline.c): the forced leave runs under
+	 * deadline_lock, which also guards durable's creation; deadline_off:
+	 * the worker left or finalizes, the deadline does nothing. */
+	pthread_mutex_t deadline_lock;
+	bool deadline_off;
 };
 
 /* ---- the flight recorder's reports (diag.c, docs/diagnosis.md) ----------
@@ -201,6 +206,16 @@ void kolo_runtime_elastic_leave_job(struct kolo_comm *comm, const char *why);
 kolo_status_t kolo_runtime_elastic_start(struct kolo_comm *comm);
 void kolo_runtime_elastic_stop(struct kolo_comm *comm);
 kolo_status_t kolo_runtime_elastic_failed(struct kolo_comm *comm, kolo_status_t st);
+
+/* ---- a preemption notice's deadline (preempt_deadline.c) -----------------
+ * deadline: the preemption watcher's on_deadline (arg: the comm), on its
+ * thread: unless disarmed, logs why, waits for a durable commit in flight
+ * (rank 0) while it fits in left_ms, deletes the worker from the job and
+ * ends the round for the others; true when it did (the process then exits).
+ * disarm: the worker left or finalizes; waits for a forced leave in
+ * progress (which ends in the exit). */
+bool kolo_runtime_preempt_deadline(void *arg, const char *notice, int64_t left_ms);
+void kolo_runtime_preempt_disarm(struct kolo_comm *comm);
 
 /* ---- the straggler eviction policy (straggler.c) --------------------------
  * At a commit point, on rank 0 of an elastic job with KOLO_STRAGGLER_EVICT_PCT

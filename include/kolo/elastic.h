@@ -119,6 +119,14 @@ KOLO_API void kolo_elastic_leave(void);
  * on SIGTERM). buf (may be NULL) gets one line naming the provider and the
  * notice, e.g. "aws: spot instance-action terminate at 2026-...". */
 KOLO_API int kolo_elastic_preemption(char *buf, size_t len);
+/* Milliseconds left until the deadline of that notice (AWS's instance-action
+ * time, GCE's 30 s from the notice, Azure's NotBefore, the pod's
+ * deletionTimestamp), 0 once it passed, -1 with no notice or a notice
+ * without a deadline. A training loop may commit early when it is short: a
+ * worker that has not reached a commit point KOLO_PREEMPTION_MARGIN_MS
+ * before the deadline leaves the job at once and its process exits 0 (the
+ * others restore their last commit). Thread-safe. */
+KOLO_API int64_t kolo_elastic_preemption_deadline_ms(void);
 
 /* The training function run by kolo_elastic_run: it reads the state it needs
  * (it has been synced), trains, calls kolo_state_commit() at its commit

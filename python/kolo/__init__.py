@@ -1194,6 +1194,19 @@ def elastic_preemption() -> tuple:
     return int(kind), buf.value.decode("utf-8", "replace")
 
 
+def elastic_preemption_deadline_ms() -> int:
+    """Milliseconds left until the deadline of this process's preemption
+    notice (AWS's instance-action ``time``, GCE's 30 s from the notice,
+    Azure's ``NotBefore``, the pod's ``deletionTimestamp``), 0 once it
+    passed, -1 with no notice or a notice without a deadline. Local: any
+    rank, any thread, any time (also before :func:`init`). A training loop
+    can commit early when it is short: a worker that has not reached a
+    commit point ``KOLO_PREEMPTION_MARGIN_MS`` before the deadline leaves the
+    job at once and its process exits 0 (the others restore their last
+    commit)."""
+    return int(_lib_().kolo_elastic_preemption_deadline_ms())
+
+
 from .runner import run  # noqa: E402  (horovod.run)
 
 __all__ = [
@@ -1204,6 +1217,6 @@ __all__ = [
     "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
     "send_async", "recv_async", "send", "recv", "ANY_SOURCE",
     "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",
-    "elastic_leave", "elastic_preemption", "elastic_done", "elastic_evicted", "EXIT_EVICTED", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
+    "elastic_leave", "elastic_preemption", "elastic_preemption_deadline_ms", "elastic_done", "elastic_evicted", "EXIT_EVICTED", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
     "run",
 ]
