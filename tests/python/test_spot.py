@@ -11,7 +11,11 @@ once), the spare takes rank 1's place so the job stays at 3, and the
 parameters are bitwise those of a run where rank 1 called
 kolo.elastic_leave() at the same step (the same membership history, no
 notice). The time from the notice to the job starting its first step without
-the leaver is printed (``pytest -s``) and bounded."""
+the leaver is printed (``pytest -s``) and bounded.
+
+A notice whose deadline comes before the leaver's next commit point: the
+leaver leaves KOLO_PREEMPTION_MARGIN_MS before the deadline, and the others
+go on from their last commit (test_deadline_before_the_commit_point)."""
 
 import json
 import os
@@ -24,6 +28,7 @@ import time
 import urllib.request
 from datetime import datetime, timezone
 
+import numpy as np
 import pytest
 
 from conftest import KOLORUN, PYTHON, REPO, WORKERS, worker_env
@@ -64,11 +69,12 @@ def _http(method, url):
 class Job:
     """kolorun in the background; KOLO-RESULT lines parsed as they come."""
 
-    def __init__(self, args):
+    def __init__(self, args, env=None):
         cmd = [KOLORUN, "-np", "3", "--spares", "1", "--", PYTHON, SCRIPT, *map(str, args)]
         self.cmd = " ".join(cmd)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=worker_env(ENV), cwd=str(REPO))
+                                     text=True, env=worker_env({**ENV, **(env or {})}),
+                                     cwd=str(REPO))
         self.events, self.all, self.out, self.err = queue.Queue(), [], [], []
         self.threads = [threading.Thread(target=self._read, args=(self.proc.stdout, True),
                                          daemon=True),
@@ -248,3 +254,102 @@ def test_aws_rebalance_is_a_hint_and_tokens_are_renewed(emulator):
         assert "aws: early hint of a preemption" in "".join(job.err)
     except AssertionError as e:
         job.fail(f"check failed: {e}")
+
+
+def _log_time(line):
+    """The wall-clock time of a kolo log line."""
+    stamp = re.search(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z", line)
+    return datetime.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
+        tzinfo=timezone.utc).timestamp()
+
+
+def _reference_params(steps):
+    """spot_worker.py's training in one process, in float64: every step's
+    global batch at once (it is the same whatever the size)."""
+    dim, per_rank, lr = 8, 4, 0.05
+    p = np.zeros(dim + 1)
+    for s in range(1, steps + 1):
+        rng = np.random.default_rng(s)
+        x = rng.standard_normal((per_rank * 3, dim))
+        y = x @ (np.arange(1.0, dim + 1.0) / dim) + 0.5
+        err = x @ p[:dim] + p[dim] - y
+        p = p - lr * np.append(x.T @ err, err.sum()) / (per_rank * 3)
+    return p
+
+
+def test_deadline_before_the_commit_point(emulator):
+    """Rank 1's AWS notice says the machine goes about 3 s later, and rank 1
+    then stalls in its step (a step longer than the notice): no commit point
+    comes. KOLO_PREEMPTION_MARGIN_MS (1 s) before the deadline it logs why,
+    leaves the job and exits 0; the others, blocked in that step's
+    allreduce, learn at once, restore their last commit and go on with the
+    spare before the deadline. Every step is applied exactly once, and the
+    parameters are those of a single-process float64 run."""
+    deadline_s, margin_ms = 3, 1000
+    job = Job(["--steps", STEPS, "--step-ms", STEP_MS, "--provider", "aws",
+               "--emulator", emulator, "--stall-on-notice"],
+              env={"KOLO_PREEMPTION_MARGIN_MS": str(margin_ms)})
+    try:
+        starts = {}
+        while len(starts) < 3:
+            ev = job.wait_event(lambda e: e["ev"] == "start")
+            starts[ev["pid"]] = ev
+        victim = next(e for e in starts.values() if e["rank"] == 1 and e["size"] == 3)
+        job.wait_event(lambda e: e["ev"] == "step" and e["pid"] == victim["pid"] and
+                       e["step"] == NOTICE_AT)
+        raised = _http("POST", f"http://127.0.0.1:{victim['instance']}/_emulator/notice"
+                               f"?provider=aws&deadline_s={deadline_s}")
+        stall = job.wait_event(lambda e: e["ev"] == "stall")
+        rc = job.finish()
+    finally:
+        job.kill()
+    err = "".join(job.err)
+    deadline = raised["deadline"]  # wall clock, whole seconds as AWS gives it
+    deadline_mono = raised["t"] + deadline - raised["wall"]
+    try:
+        assert rc == 0, f"kolorun exited {rc}"
+        assert "exited with status" not in err and "killed by signal" not in err
+        assert stall["pid"] == victim["pid"] and stall["step"] > NOTICE_AT, stall
+        assert 0 < stall["deadline_ms"] <= deadline_s * 1000, stall
+        # The leaver: its reason, then its exit, both before the deadline;
+        # it never reached a commit point after the notice.
+        assert not job.of("left") and victim["pid"] not in {e["pid"] for e in job.of("done")}
+        assert len(re.findall(r"aws: preemption notice: spot instance-action terminate "
+                              r"at \S+Z, in [1-3] s", err)) == 1, err[-3000:]
+        why = [ln for ln in job.err if "no commit point came and the machine goes in" in ln]
+        gone = [ln for ln in job.err if "exiting with status 0" in ln]
+        assert len(why) == 1 and len(gone) == 1, (why, gone)
+        before = deadline - _log_time(why[0])
+        assert 0.5 <= before <= margin_ms / 1000 + 0.1, (before, why[0])
+        assert _log_time(gone[0]) < deadline, gone[0]
+        assert max(s["step"] for s in job.of("step", victim["pid"])) == stall["step"] - 1
+        # The others: a restore each (a lost member), then the stalled step
+        # again at size 3 with the spare, begun before the deadline.
+        survivors = set(starts) - {victim["pid"]}
+        assert {e["pid"] for e in job.of("restore")} == survivors, job.of("restore")
+        done = job.of("done")
+        assert sorted(e["rank"] for e in done) == [0, 1, 2], done
+        assert all(e["size"] == 3 and e["step"] == STEPS for e in done), done
+        spare = [e for e in done if e["pid"] not in starts]
+        assert len(spare) == 1
+        assert job.of("step", spare[0]["pid"])[0]["step"] == stall["step"]
+        again = [s for s in job.of("step") if s["step"] == stall["step"]]
+        assert len(again) == 3 and all(s["size"] == 3 for s in again), again
+        assert max(s["t0"] for s in again) < deadline_mono, (again, deadline_mono)
+        for e in done:
+            assert e["applied"] == list(range(1, STEPS + 1)), f"steps applied: {e['applied']}"
+            steps = [s["step"] for s in job.of("step", e["pid"])]
+            assert steps == sorted(set(steps)), f"pid {e['pid']}: steps went back: {steps}"
+            assert e["params"] == done[0]["params"], "parameters differ between ranks"
+        params = np.array([float.fromhex(v) for v in done[0]["params"]])
+        ref = _reference_params(STEPS)
+        assert np.abs(ref).max() > 0.5
+        assert np.allclose(params, ref, rtol=1e-12, atol=1e-12), (params, ref)
+    except AssertionError as e:
+        job.fail(f"check failed: {e}")
+    if os.environ.get("SPOT_LOG"):
+        print(err[-6000:])
+    print(f"\ndeadline: notice at step {NOTICE_AT} ({deadline - raised['wall']:.2f} s before "
+          f"the deadline), stalled in step {stall['step']}; left {before:.2f} s before the "
+          f"deadline (margin {margin_ms} ms); the job re-formed "
+          f"{deadline_mono - max(s['t0'] for s in again):.2f} s before it")

@@ -34,8 +34,13 @@ Control (JSON answers):
 
 - ``POST /_emulator/instances``: a new instance on a new port:
   ``{"port", "vm", "namespace", "pod", "token"}``;
-- ``POST /_emulator/notice?provider=aws|gce|azure|k8s[&kind=rebalance]`` on
-  an instance raises the notice there: ``{"t": time.monotonic()}``;
+- ``POST /_emulator/notice?provider=aws|gce|azure|k8s[&kind=rebalance]
+  [&deadline_s=S]`` on an instance raises the notice there, the machine to
+  go S seconds later (AWS's ``time``, whole seconds as AWS gives it; Azure's
+  ``NotBefore``, empty when S is empty; the pod's ``deletionTimestamp``,
+  set with the condition; defaults 120, 30 and 30; GCE's is always 30):
+  ``{"t": time.monotonic(), "wall": time.time(), "deadline": the deadline
+  as given, in seconds since 1970, or None}``;
 - ``POST /_emulator/expire`` expires the AWS tokens of the instance;
 - ``GET /_emulator/state``: the notices raised, the Azure acknowledgements
   and the requests served per path.
@@ -77,6 +82,7 @@ class Instance:
         self.azure_incarnation = 1
         self.azure_acks = []
         self.k8s_disrupted = False
+        self.k8s_deleted = None
         self.notices = []
         self.requests = {}
         self.port = 0
@@ -95,37 +101,50 @@ class Instance:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
 
-    def _azure_event(self, vm):
-        now = datetime.now(timezone.utc)
+    def _azure_event(self, vm, not_before=None):
+        if not_before is None:
+            not_before = _rfc1123(datetime.now(timezone.utc) + timedelta(seconds=30))
         return {"EventId": secrets.token_hex(8).upper(), "EventType": "Preempt",
                 "ResourceType": "VirtualMachine", "Resources": [vm],
-                "EventStatus": "Scheduled", "NotBefore": _rfc1123(now + timedelta(seconds=30)),
+                "EventStatus": "Scheduled" if not_before else "Started",
+                "NotBefore": not_before,
                 "Description": "", "EventSource": "Platform", "DurationInSeconds": -1}
 
     def gce_value(self):
         v = "TRUE" if self.gce_preempted else "FALSE"
         return v, hashlib.sha1(v.encode()).hexdigest()[:16]
 
-    def notice(self, provider, kind):
+    def notice(self, provider, kind, deadline_s=None):
+        """Raises the notice; (monotonic time, the deadline given or None)."""
         now = datetime.now(timezone.utc)
+        default = {"aws": 120, "gce": 30, "azure": 30, "k8s": 30}.get(provider, 0)
+        secs = default if deadline_s is None or provider == "gce" else deadline_s
+        at = now + timedelta(seconds=float(secs or 0))
+        deadline = None
         with self.cond:
             t = time.monotonic()
             if provider == "aws" and kind == "rebalance":
                 self.aws_rebalance = {"noticeTime": _iso(now)}
             elif provider == "aws":
-                self.aws_action = {"action": "terminate", "time": _iso(now + timedelta(minutes=2))}
+                self.aws_action = {"action": "terminate", "time": _iso(at)}
+                deadline = at.replace(microsecond=0).timestamp()
             elif provider == "gce":
                 self.gce_preempted = True
+                deadline = at.timestamp()
             elif provider == "azure":
-                self.azure_events.append(self._azure_event(self.vm))
+                self.azure_events.append(self._azure_event(self.vm, _rfc1123(at) if secs != ""
+                                                           else ""))
                 self.azure_incarnation += 1
+                deadline = at.replace(microsecond=0).timestamp() if secs != "" else None
             elif provider == "k8s":
                 self.k8s_disrupted = True
+                self.k8s_deleted = _iso(at)  # metav1.Time: whole seconds
+                deadline = at.replace(microsecond=0).timestamp()
             else:
-                return None
+                return None, None
             self.notices.append({"provider": provider, "kind": kind, "t": t})
             self.cond.notify_all()
-        return t
+        return t, deadline
 
     def state(self):
         with self.cond:
@@ -213,10 +232,11 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, {"port": n.port, "vm": n.vm, "namespace": NAMESPACE,
                                     "pod": n.pod, "token": n.token})
         if path == "/_emulator/notice" and method == "POST":
-            t = inst.notice(q.get("provider", ""), q.get("kind", "notice"))
+            t, deadline = inst.notice(q.get("provider", ""), q.get("kind", "notice"),
+                                      q.get("deadline_s"))
             if t is None:
                 return self._send(400, {"error": "provider: aws, gce, azure or k8s"})
-            return self._send(200, {"t": t, "wall": time.time()})
+            return self._send(200, {"t": t, "wall": time.time(), "deadline": deadline})
         if path == "/_emulator/expire" and method == "POST":
             with inst.cond:
                 inst.tokens.clear()
@@ -321,7 +341,10 @@ class Handler(BaseHTTPRequestHandler):
                                     "reason": "NotFound", "code": 404})
         conds = [{"type": "Ready", "status": "True"},
                  {"type": "ContainersReady", "status": "True"}]
+        meta = {"name": inst.pod, "namespace": NAMESPACE}
         with inst.cond:
+            if inst.k8s_deleted:
+                meta["deletionTimestamp"] = inst.k8s_deleted
             if inst.k8s_disrupted:
                 conds.append({"type": "DisruptionTarget", "status": "True",
                               "reason": "TerminationByKubelet",
@@ -329,7 +352,7 @@ class Handler(BaseHTTPRequestHandler):
                                          "shutdown.",
                               "lastTransitionTime": _iso(datetime.now(timezone.utc))})
         self._send(200, {"kind": "Pod", "apiVersion": "v1",
-                         "metadata": {"name": inst.pod, "namespace": NAMESPACE},
+                         "metadata": meta,
                          "status": {"phase": "Running", "conditions": conds}})
 
 

@@ -5,6 +5,7 @@ with bitwise-equal parameters.
 
     spot_worker.py --steps N [--step-ms MS] [--provider aws|gce|azure|k8s
                    --emulator URL] [--leave-rank R --leave-step L]
+                   [--stall-on-notice]
 
 --provider: before kolo.init(), this worker asks the emulator
 (tests/spot/metadata_emulator.py) for a machine of its own and points the
@@ -14,12 +15,17 @@ the test raises a notice on one of them.
 --leave-rank/--leave-step: the worker of that rank calls kolo.elastic_leave()
 before the commit of that step (the same membership history without a
 notice).
+--stall-on-notice: a worker whose notice has a deadline stalls in its next
+step (before its allreduce) for longer than the machine has: a step too long
+for the notice, so that the deadline, not a commit point, ends it.
 
 Reports (conftest's KOLO-RESULT lines):
   {"ev": "start", "pid", "rank", "size", "instance"}     after init
   {"ev": "step", "pid", "rank", "size", "step", "t0", "t1"}  every step S
       (1-based, committed), t0/t1: time.monotonic() at its start and commit
   {"ev": "restore", "pid"} / {"ev": "reset", "pid", "rank", "size", "step"}
+  {"ev": "stall", "pid", "step", "deadline_ms"}  --stall-on-notice, then
+      the stall
   {"ev": "left", "pid", "step", "code", "preemption": [kind, text]}
   {"ev": "done", "pid", "rank", "size", "step", "params", "applied"}
 "applied": every step whose update is in the parameters, in order, counted
@@ -88,6 +94,7 @@ def main():
     ap.add_argument("--emulator", default="")
     ap.add_argument("--leave-rank", type=int, default=-1)
     ap.add_argument("--leave-step", type=int, default=-1)
+    ap.add_argument("--stall-on-notice", action="store_true")
     args = ap.parse_args()
 
     instance = configure(args.provider, args.emulator) if args.provider else None
@@ -122,6 +129,10 @@ def main():
             g[DIM] = err.sum()
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)  # the step's compute
+            left = kolo.elastic_preemption_deadline_ms()
+            if args.stall_on_notice and left >= 0:
+                report({"ev": "stall", "pid": os.getpid(), "step": s, "deadline_ms": left})
+                time.sleep(120)  # a step that outlasts the machine
             kolo.allreduce_async(g, name="spot.grad", op="sum").wait()
             state.params = list(p - LR * g / (PER_RANK * 3))
             state.applied = state.applied + [s]
