@@ -33,6 +33,31 @@ kolo_status_t kolo_rdzv_report_failure(struct kolo_rdzv_client *c, int64_t round
 	return st;
 }
 
+kolo_status_t kolo_rdzv_report_dead(struct kolo_rdzv_client *c, const char *worker_id,
+                                    int64_t round, int rank)
+{
+	if (!kolo_rdzv_valid_id(worker_id, false))
+		return kolo_fail(&c->err, KOLO_EINVAL, "report_dead: invalid worker id");
+	char body[KOLO_RDZV_ID_MAX + 96];
+	int n = snprintf(body, sizeof(body), "{\"worker_id\":\"%s\"", worker_id);
+	if (round > 0 && rank >= 0)
+		n += snprintf(body + n, sizeof(body) - (size_t)n,
+		              ",\"round\":%" PRId64 ",\"rank\":%d", round, rank);
+	snprintf(body + n, sizeof(body) - (size_t)n, "}");
+	struct rdzv_client_req q = {.method = "POST",
+	                            .body = body,
+	                            .blen = strlen(body),
+	                            .ctype = "application/json",
+	                            .timeout_ms = RDZV_CLIENT_SHORT_REQ_MS};
+	snprintf(q.path, sizeof(q.path), "/v1/jobs/%s/failures", c->job_esc);
+	struct rdzv_client_resp r = {0};
+	kolo_status_t st = rdzv_client_simple(c, &q, 202, 200, &r);
+	rdzv_client_resp_fini(&r);
+	if (st == KOLO_OK)
+		KOLO_INFO(RDZV_CLIENT_SUB, "reported worker %s as dead", worker_id);
+	return st;
+}
+
 kolo_status_t kolo_rdzv_job_configure(struct kolo_rdzv_client *c, int min_np, int max_np,
                                       int settle_ms)
 {

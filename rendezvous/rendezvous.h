@@ -123,8 +123,15 @@ struct kolo_rdzv_join_req {
  * "round", "rank" optional, round and rank together). KOLO_EINVAL + err on error. */
 kolo_status_t kolo_rdzv_parse_join(const char *body, size_t len, struct kolo_rdzv_join_req *out,
                                    char *err, size_t errsize);
-/* Parses a POST /failures body {"round":int,"rank":int}. */
-kolo_status_t kolo_rdzv_parse_failure(const char *body, size_t len, int64_t *round, int *rank,
+struct kolo_rdzv_failure {
+	char worker_id[KOLO_RDZV_ID_MAX]; /* "" when the report names a rank */
+	int64_t round;                    /* -1 when not given */
+	int rank;                         /* -1 when not given */
+};
+/* Parses a POST /failures body: {"round":int,"rank":int} (a peer reports a
+ * rank of a round), or {"worker_id":str} (a launcher reports a worker whose
+ * process it saw die), optionally with "round" and "rank" too. */
+kolo_status_t kolo_rdzv_parse_failure(const char *body, size_t len, struct kolo_rdzv_failure *out,
                                       char *err, size_t errsize);
 
 /* ---- client ----------------------------------------------------------- */
@@ -195,8 +202,14 @@ kolo_status_t kolo_rdzv_leave(struct kolo_rdzv_client *c);
  * the job is: no round forms any more, and the workers still waiting to join
  * it fail with KOLO_ESHUTDOWN ("job finished: ...") instead of waiting. */
 kolo_status_t kolo_rdzv_finish(struct kolo_rdzv_client *c);
-/* POST /failures. */
+/* POST /failures {"round","rank"}: a peer's report of a member it lost. */
 kolo_status_t kolo_rdzv_report_failure(struct kolo_rdzv_client *c, int64_t round, int rank);
+/* POST /failures {"worker_id"[,"round","rank"]}: the process of worker id is
+ * known to be dead (its launcher reaped it); the server drops that worker
+ * wherever it is. round > 0 and rank >= 0, when known, go along for servers
+ * that predate reports by id (they act on those alone). */
+kolo_status_t kolo_rdzv_report_dead(struct kolo_rdzv_client *c, const char *worker_id,
+                                    int64_t round, int rank);
 /* PUT /kv/{key}; len ≤ KOLO_RDZV_MAX_BODY. */
 kolo_status_t kolo_rdzv_kv_put(struct kolo_rdzv_client *c, const char *key, const void *data,
                                size_t len);

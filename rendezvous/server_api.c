@@ -161,18 +161,23 @@ struct rdzv_reply rdzv_api_failure(struct kolo_rdzv_server *s, struct rdzv_req *
                                    const struct rdzv_call *c, uint64_t now)
 {
 	(void)r;
-	int64_t round;
-	int rank;
+	struct kolo_rdzv_failure f;
 	char err[256];
-	if (kolo_rdzv_parse_failure(c->body, c->len, &round, &rank, err, sizeof(err)) != KOLO_OK)
+	if (kolo_rdzv_parse_failure(c->body, c->len, &f, err, sizeof(err)) != KOLO_OK)
 		return rdzv_reply_error(400, "%s", err);
 	struct rdzv_job *j = rdzv_job_get(&s->st, c->rt.job, false, now);
-	bool acted = j && rdzv_job_report_failure(&s->st, j, round, rank, now);
+	/* By id when given: round and rank then only serve older servers. */
+	bool acted =
+	        j && (f.worker_id[0] ? rdzv_job_report_dead(&s->st, j, f.worker_id, now)
+	                             : rdzv_job_report_failure(&s->st, j, f.round, f.rank, now));
 	if (acted)
 		rdzv_timer_poke(s, rdzv_job_settle_deadline(j));
+	else if (f.worker_id[0])
+		KOLO_DEBUG(RDZV_SUB, "job %s: report of worker %s, which is gone already",
+		           c->rt.job, f.worker_id);
 	else
 		KOLO_DEBUG(RDZV_SUB, "job %s: stale failure report (round %" PRId64 " rank %d)",
-		           c->rt.job, round, rank);
+		           c->rt.job, f.round, f.rank);
 	return rdzv_reply_json(202, json_pack("{s:b}", "accepted", acted));
 }
 

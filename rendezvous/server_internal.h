@@ -160,6 +160,10 @@ bool rdzv_job_admits_join(struct rdzv_state *st, struct rdzv_job *j, uint64_t no
 /* A failure report for (round, rank); true when it changed the job. */
 bool rdzv_job_report_failure(struct rdzv_state *st, struct rdzv_job *j, int64_t round, int rank,
                              uint64_t now);
+/* A report that worker id's process died: drops it (a member or a waiting
+ * worker) as a lease expiry would, and ticks; false for an id the job does
+ * not hold (gone already, or never known). */
+bool rdzv_job_report_dead(struct rdzv_state *st, struct rdzv_job *j, const char *id, uint64_t now);
 /* Drops the workers whose lease ran out; returns the next lease deadline
  * (UINT64_MAX: none). */
 uint64_t rdzv_job_expire_leases(struct rdzv_job *j, uint64_t now);

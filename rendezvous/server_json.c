@@ -198,30 +198,49 @@ out:
 	return st;
 }
 
-kolo_status_t kolo_rdzv_parse_failure(const char *body, size_t len, int64_t *round, int *rank,
+kolo_status_t kolo_rdzv_parse_failure(const char *body, size_t len, struct kolo_rdzv_failure *out,
                                       char *err, size_t errsize)
 {
 	json_t *o = load_object(body, len, err, errsize);
 	if (!o)
 		return KOLO_EINVAL;
 	kolo_status_t st = KOLO_EINVAL;
-	int64_t rd = 0, rk = 0;
-	int r = get_int(o, "round", 0, INT64_MAX, &rd, err, errsize);
-	if (r < 0)
+	memset(out, 0, sizeof(*out));
+	out->round = -1;
+	out->rank = -1;
+	const char *id = NULL;
+	int has_id = get_str(o, "worker_id", &id, err, errsize);
+	if (has_id < 0)
 		goto out;
-	if (r == 0) {
-		snprintf(err, errsize, "missing field \"round\"");
+	if (has_id && !kolo_rdzv_valid_id(id, false)) {
+		snprintf(err, errsize,
+		         "field \"worker_id\" must be 1-%d characters of [A-Za-z0-9._:-]",
+		         KOLO_RDZV_ID_MAX - 1);
 		goto out;
 	}
-	r = get_int(o, "rank", 0, NP_MAX, &rk, err, errsize);
-	if (r < 0)
+	int64_t rd = -1, rk = -1;
+	int has_round = get_int(o, "round", 0, INT64_MAX, &rd, err, errsize);
+	if (has_round < 0)
 		goto out;
-	if (r == 0) {
+	int has_rank = get_int(o, "rank", 0, NP_MAX, &rk, err, errsize);
+	if (has_rank < 0)
+		goto out;
+	if (has_id && has_round != has_rank) {
+		snprintf(err, errsize, "fields \"round\" and \"rank\" go together");
+		goto out;
+	}
+	if (!has_id && !has_round) {
+		snprintf(err, errsize, "missing field \"round\" (or \"worker_id\")");
+		goto out;
+	}
+	if (!has_id && !has_rank) {
 		snprintf(err, errsize, "missing field \"rank\"");
 		goto out;
 	}
-	*round = rd;
-	*rank = (int)rk;
+	if (has_id)
+		snprintf(out->worker_id, sizeof(out->worker_id), "%s", id);
+	out->round = rd;
+	out->rank = (int)rk;
 	st = KOLO_OK;
 out:
 	json_decref(o);

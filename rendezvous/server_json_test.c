@@ -116,33 +116,45 @@ START_TEST(test_join)
 }
 END_TEST
 
+#define PARSE_FAILURE(body, f) kolo_rdzv_parse_failure(body, strlen(body), f, err, sizeof(err))
+
 START_TEST(test_failure)
 {
 	char err[256];
-	int64_t round;
-	int rank;
-	const char *ok = "{\"round\":4,\"rank\":2}";
-	ck_assert_int_eq(kolo_rdzv_parse_failure(ok, strlen(ok), &round, &rank, err, sizeof(err)),
+	struct kolo_rdzv_failure f;
+	ck_assert_int_eq(PARSE_FAILURE("{\"round\":4,\"rank\":2}", &f), KOLO_OK);
+	ck_assert_int_eq(f.round, 4);
+	ck_assert_int_eq(f.rank, 2);
+	ck_assert_str_eq(f.worker_id, "");
+	/* A launcher's report names the worker, with or without its rank. */
+	ck_assert_int_eq(PARSE_FAILURE("{\"worker_id\":\"w-1\"}", &f), KOLO_OK);
+	ck_assert_str_eq(f.worker_id, "w-1");
+	ck_assert_int_eq(f.round, -1);
+	ck_assert_int_eq(f.rank, -1);
+	ck_assert_int_eq(PARSE_FAILURE("{\"worker_id\":\"w-1\",\"round\":3,\"rank\":0}", &f),
 	                 KOLO_OK);
-	ck_assert_int_eq(round, 4);
-	ck_assert_int_eq(rank, 2);
+	ck_assert_str_eq(f.worker_id, "w-1");
+	ck_assert_int_eq(f.round, 3);
+	ck_assert_int_eq(f.rank, 0);
 	static const char *const bad[][2] = {
 	        {"{\"rank\":2}", "missing field \"round\""},
+	        {"{}", "missing field \"round\" (or \"worker_id\")"},
 	        {"{\"round\":2}", "missing field \"rank\""},
 	        {"{\"round\":2,\"rank\":\"x\"}", "\"rank\" must be an integer"},
 	        {"{\"round\":-2,\"rank\":1}", "\"round\" must be in"},
+	        {"{\"worker_id\":\"a b\"}", "\"worker_id\" must be 1-"},
+	        {"{\"worker_id\":\"\"}", "\"worker_id\" must be 1-"},
+	        {"{\"worker_id\":7}", "\"worker_id\" must be a string"},
+	        {"{\"worker_id\":\"w\",\"round\":2}", "go together"},
 	        {"[", "malformed JSON"},
 	};
 	for (size_t i = 0; i < KOLO_ARRAY_SIZE(bad); i++) {
-		ck_assert_int_eq(kolo_rdzv_parse_failure(bad[i][0], strlen(bad[i][0]), &round,
-		                                         &rank, err, sizeof(err)),
-		                 KOLO_EINVAL);
+		ck_assert_int_eq(PARSE_FAILURE(bad[i][0], &f), KOLO_EINVAL);
 		ck_assert_msg(strstr(err, bad[i][1]) != NULL, "%s: %s", bad[i][0], err);
 	}
 	/* a body that is not NUL-terminated is read only up to len */
 	const char buf[] = "{\"round\":1,\"rank\":0}garbage";
-	ck_assert_int_eq(kolo_rdzv_parse_failure(buf, 20, &round, &rank, err, sizeof(err)),
-	                 KOLO_OK);
+	ck_assert_int_eq(kolo_rdzv_parse_failure(buf, 20, &f, err, sizeof(err)), KOLO_OK);
 }
 END_TEST
 

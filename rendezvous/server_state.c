@@ -468,6 +468,22 @@ bool rdzv_job_report_failure(struct rdzv_state *st, struct rdzv_job *j, int64_t 
 	return true;
 }
 
+/* An id names one registration of one process: a worker that joins again
+ * after an eviction gets a new id, and one that re-registers after a server
+ * restart keeps its own. So, unlike a rank, an id cannot have passed to
+ * another worker, and the report is never stale for the worker it finds. */
+bool rdzv_job_report_dead(struct rdzv_state *st, struct rdzv_job *j, const char *id, uint64_t now)
+{
+	struct rdzv_worker *w = kolo_strmap_get(&j->workers, id);
+	if (!w)
+		return false;
+	if (j->finished)
+		j->finished_ms = now;
+	rdzv_job_drop(j, w, "its process died", true);
+	rdzv_job_tick(st, j, now);
+	return true;
+}
+
 uint64_t rdzv_job_expire_leases(struct rdzv_job *j, uint64_t now)
 {
 	uint64_t next = UINT64_MAX;

@@ -337,6 +337,51 @@ START_TEST(restored_round_from_claims)
 }
 END_TEST
 
+/* Every member dies at once and its launcher reports each by id: the first
+ * report ends the round (below min_np), so the second one's rank report
+ * would be stale, but the id still finds it. The replacements then form a
+ * round at once, without the dead; a report of an id that is gone, or of a
+ * waiting worker, touches nobody else. */
+START_TEST(dead_workers_reported_by_id)
+{
+	state_setup(2, 2, 100, 10000);
+	struct rdzv_worker *w[2];
+	struct rdzv_job *j = formed_job(2, 0, w);
+	char a_id[KOLO_RDZV_ID_MAX], b_id[KOLO_RDZV_ID_MAX];
+	snprintf(a_id, sizeof(a_id), "%s", w[0]->id);
+	snprintf(b_id, sizeof(b_id), "%s", w[1]->id);
+	ck_assert(rdzv_job_report_dead(&st, j, a_id, 10));
+	ck_assert_int_eq(j->state, RDZV_JOB_WAITING);
+	ck_assert_int_eq(j->n_workers, 1);
+	ck_assert(!rdzv_job_report_failure(&st, j, 1, 1, 10)); /* the round is over */
+	ck_assert_int_eq(j->n_workers, 1);
+	ck_assert(rdzv_job_report_dead(&st, j, b_id, 10));
+	ck_assert_int_eq(j->n_workers, 0);
+	ck_assert(!rdzv_job_report_dead(&st, j, b_id, 10));
+	char msg[400];
+	ck_assert_ptr_null(rdzv_job_find_worker(j, "job", b_id, msg, sizeof(msg)));
+	ck_assert_ptr_nonnull(strstr(msg, "(its process died)"));
+	/* Long before the dead workers' leases would have run out. */
+	struct rdzv_worker *c = join_at(j, "h", 20);
+	struct rdzv_worker *d = join_at(j, "h", 20);
+	ck_assert_int_eq(j->state, RDZV_JOB_RUNNING);
+	ck_assert_int_eq(j->round, 2);
+	ck_assert_int_eq(j->n_members, 2);
+	ck_assert_int_ge(c->rank, 0);
+	ck_assert_int_ge(d->rank, 0);
+	ck_assert(!rdzv_job_report_dead(&st, j, a_id, 30));
+	ck_assert_int_eq(j->round, 2);
+	ck_assert_int_eq(j->n_members, 2);
+	struct rdzv_worker *e = join_at(j, "h", 30); /* a spare beyond max_np */
+	ck_assert_int_eq(e->rank, -1);
+	ck_assert(rdzv_job_report_dead(&st, j, e->id, 40));
+	ck_assert_int_eq(j->state, RDZV_JOB_RUNNING);
+	ck_assert_int_eq(j->round, 2);
+	ck_assert_int_eq(j->n_workers, 2);
+	ck_assert_int_eq(j->n_members, 2);
+}
+END_TEST
+
 /* Idle jobs are forgotten job_retain_ms after their last request. */
 START_TEST(idle_jobs_forgotten)
 {
@@ -418,6 +463,7 @@ static Suite *server_state_suite(void)
 	tcase_add_test(tc, spare_of_the_lost_zone_first);
 	tcase_add_test(tc, graceful_leaves_are_counted_apart);
 	tcase_add_test(tc, restored_round_from_claims);
+	tcase_add_test(tc, dead_workers_reported_by_id);
 	tcase_add_test(tc, idle_jobs_forgotten);
 	tcase_add_test(tc, finished_job_forms_no_round);
 	suite_add_tcase(s, tc);

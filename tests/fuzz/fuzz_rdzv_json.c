@@ -75,11 +75,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		break;
 	}
 	case 2: {
-		int64_t round = -7;
-		int rank = -7;
-		if (kolo_rdzv_parse_failure(body, len, &round, &rank, err, sizeof(err)) == KOLO_OK)
-			FUZZ_CHECK(round >= 0 && rank >= 0 && rank <= 1000000, "round %lld rank %d",
-			           (long long)round, rank);
+		struct kolo_rdzv_failure f;
+		if (kolo_rdzv_parse_failure(body, len, &f, err, sizeof(err)) == KOLO_OK)
+			FUZZ_CHECK((f.round >= 0) == (f.rank >= 0) && f.rank <= 1000000 &&
+			                   (f.worker_id[0] ? kolo_rdzv_valid_id(f.worker_id, false)
+			                                   : f.round >= 0),
+			           "round %lld rank %d by '%s'", (long long)f.round, f.rank,
+			           f.worker_id);
 		else
 			check_err(err, sizeof(err));
 		break;
