@@ -55,23 +55,37 @@ static void url_host(const char *url, char *out, size_t size)
 	out[n] = '\0';
 }
 
+/* One line to the launcher, if there is one. */
+static void launcher_line(const char *line, const char *what)
+{
+	int64_t fd = kolo_param_int(KOLO_P_LAUNCHER_FD);
+	if (fd < 0 || fd > INT32_MAX)
+		return;
+	size_t n = strlen(line);
+	/* One write of a short line on a pipe is atomic. A launcher that went
+	 * away is not our failure. */
+	if (write((int)fd, line, n) != (ssize_t)n)
+		KOLO_DEBUG(SUBSYS, "cannot report the %s to the launcher (fd %d): %s", what,
+		           (int)fd, strerror(errno));
+}
+
 kolo_status_t kolo_runtime_report_rank(const struct kolo_comm *comm)
 {
 	kolo_runtime_diag_identity(comm);
 	kolo_metrics_set_assignment(comm->assignment.rank, comm->assignment.size,
 	                            comm->assignment.local_rank, comm->assignment.round);
-	int64_t fd = kolo_param_int(KOLO_P_LAUNCHER_FD);
-	if (fd < 0 || fd > INT32_MAX)
-		return KOLO_OK;
 	char line[96];
-	int n = snprintf(line, sizeof(line), "rank %d size %d round %" PRId64 "\n",
-	                 comm->assignment.rank, comm->assignment.size, comm->assignment.round);
-	/* One write of a short line on a pipe is atomic. A launcher that went
-	 * away is not our failure. */
-	if (write((int)fd, line, (size_t)n) != n)
-		KOLO_DEBUG(SUBSYS, "cannot report the rank to the launcher (fd %d): %s", (int)fd,
-		           strerror(errno));
+	snprintf(line, sizeof(line), "rank %d size %d round %" PRId64 "\n", comm->assignment.rank,
+	         comm->assignment.size, comm->assignment.round);
+	launcher_line(line, "rank");
 	return KOLO_OK;
+}
+
+void kolo_runtime_report_worker(const struct kolo_comm *comm)
+{
+	char line[KOLO_RDZV_ID_MAX + 16];
+	snprintf(line, sizeof(line), "worker %s\n", kolo_rdzv_worker_id(comm->rdzv));
+	launcher_line(line, "worker id");
 }
 
 static kolo_status_t lookup_peer(void *ctx, int rank, struct kolo_transport_handle *out,
@@ -389,6 +403,7 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 		return kolo_runtime_init_fail(
 		        comm, kolo_comm_fail(comm, st, "joining job %s at %s: %s", cc.job, url,
 		                             kolo_rdzv_client_error(comm->rdzv)));
+	kolo_runtime_report_worker(comm);
 	/* Heartbeat while waiting too: a long wait must not cost the lease. */
 	if ((st = kolo_rdzv_heartbeat_start(comm->rdzv,
 	                                    (int)kolo_param_int(KOLO_P_HEARTBEAT_MS))) != KOLO_OK)

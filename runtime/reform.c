@@ -415,6 +415,7 @@ static kolo_status_t reform(struct kolo_comm *comm)
 		if (rst != KOLO_OK)
 			return kolo_comm_fail(comm, rst, "kolo_reform: joining again: %s",
 			                      kolo_rdzv_client_error(comm->rdzv));
+		kolo_runtime_report_worker(comm);
 		suspect = -1;
 		lost.n = 0;
 		at_commit = true;
@@ -460,6 +461,7 @@ static kolo_status_t reform(struct kolo_comm *comm)
 			if (st != KOLO_OK)
 				return kolo_comm_fail(comm, st, "kolo_reform: joining again: %s",
 				                      kolo_rdzv_client_error(comm->rdzv));
+			kolo_runtime_report_worker(comm);
 			suspect = -1;
 			lost.n = 0;
 			at_commit = true; /* nothing of the old round to report */

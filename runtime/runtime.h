@@ -131,6 +131,10 @@ void kolo_runtime_sets_release(struct kolo_comm *comm);
  * with the rank. Does nothing without a launcher; never fails. Call after
  * every new assignment. */
 kolo_status_t kolo_runtime_report_rank(const struct kolo_comm *comm);
+/* Tells the launcher the worker id this worker registered under ("worker
+ * ID"), so that when the process dies the launcher can name it to the
+ * rendezvous. Does nothing without a launcher. Call after every join. */
+void kolo_runtime_report_worker(const struct kolo_comm *comm);
 
 struct kolo_engine_config; /* fusion/ */
 /* The fusion engine's configuration from the KOLO_* parameters (and

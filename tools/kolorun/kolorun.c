@@ -24,10 +24,12 @@
  * The workers never outlive kolorun: each is started with PR_SET_PDEATHSIG
  * SIGKILL, so when kolorun dies (SIGKILL included) the kernel kills them, and
  * the embedded server, a part of this process, goes with it. A worker that
- * dies in an elastic job is reported to the rendezvous as failed (POST
- * /failures with its round and rank), so that the next round forms without
- * it at once; and any worker that dies is reported in the job's KV as
- * finished with a failure
+ * dies in an elastic job (killed, or exited non-zero but not 90) is reported
+ * to the rendezvous as dead (POST /failures with the worker id it reported
+ * on the control pipe, "worker ID", and its round and rank), so that the
+ * server drops it at once, member or waiting, and the next round forms
+ * without it, even when every worker died; and any worker that dies is
+ * reported in the job's KV as finished with a failure
  * ("fin/<round>/<rank>" and "fin/<round>/all" = "0", as the runtime's
  * kolo_finalize() does after a failure), so that the ranks of other
  * launchers waiting for it in kolo_finalize() stop waiting at once. */
@@ -70,6 +72,7 @@ struct worker {
 	pid_t pid; /* 0 once reaped */
 	int rank;  /* -1 until reported */
 	int64_t round;
+	char id[KOLO_RDZV_ID_MAX]; /* its rendezvous worker id, "" until reported */
 	int status;
 	bool exited;
 	struct stream s[S_COUNT];
@@ -380,7 +383,9 @@ static void emit(const struct worker *w, int fd, const char *line, size_t n)
 	free(out);
 }
 
-/* A control line from the runtime: "rank R size N round K". */
+/* A control line from the runtime: "rank R size N round K" after each
+ * assignment, "worker ID" after each join (the latest counts). Other lines
+ * are ignored, so that either side may be newer. */
 static void control(struct worker *w, const char *line)
 {
 	int rank, size;
@@ -388,6 +393,8 @@ static void control(struct worker *w, const char *line)
 	if (sscanf(line, "rank %d size %d round %lld", &rank, &size, &round) == 3 && rank >= 0) {
 		w->rank = rank;
 		w->round = round;
+	} else if (strncmp(line, "worker ", 7) == 0 && kolo_rdzv_valid_id(line + 7, false)) {
+		snprintf(w->id, sizeof(w->id), "%s", line + 7);
 	}
 }
 
@@ -443,6 +450,20 @@ static void read_stream(struct worker *w, int which)
 	memcpy(s->buf + s->len, tmp, (size_t)n);
 	s->len += (size_t)n;
 	flush_lines(w, which, false);
+}
+
+/* Reads what a reaped worker left in its control pipe: a line it wrote
+ * just before dying (a new worker id) may not have been read yet. Never
+ * blocks, and stops after a few reads: a child of the worker may still hold
+ * the pipe open. */
+static void drain_control(struct worker *w)
+{
+	for (int i = 0; i < 16 && w->s[S_CTL].fd >= 0; i++) {
+		struct pollfd p = {.fd = w->s[S_CTL].fd, .events = POLLIN};
+		if (poll(&p, 1, 0) <= 0)
+			return;
+		read_stream(w, S_CTL);
+	}
 }
 
 /* ---- workers ---------------------------------------------------------- */
@@ -531,26 +552,50 @@ static bool past_deadline(void *arg)
 	return kolo_now_ms() >= *(const uint64_t *)arg;
 }
 
-/* Publishes that worker w will never finish its round: the "0" verdict that
- * kolo_finalize() writes itself after a failure (runtime/init.c), which the
- * ranks waiting there for w read instead of waiting out KOLO_TIMEOUT_MS.
- * Best effort, within about REPORT_MS. Workers that never reported a rank
- * took no part in a round: nothing to say. */
-static void report_gone(struct kolo_rdzv_client *c, const struct worker *w, bool elastic)
+/* Elastic: tells the server that w's process is dead, which no peer can
+ * know for sure (a peer's alive key may predate the death; a closed conn
+ * may be a re-form), and nobody else can tell when every worker died. The
+ * server drops the worker now, as at its lease's end, so that no round
+ * forms with it. By its id when the worker reported one: a rank report of
+ * a round already past is ignored there, and when every member dies at
+ * once the first report ends the round. */
+static void report_dead(struct kolo_rdzv_client *c, const struct worker *w)
 {
-	if (!c || w->rank < 0 || w->round < 1)
+	bool ranked = w->rank >= 0 && w->round >= 1;
+	kolo_status_t st = KOLO_OK;
+	if (w->id[0])
+		st = kolo_rdzv_report_dead(c, w->id, ranked ? w->round : 0, w->rank);
+	else if (ranked)
+		st = kolo_rdzv_report_failure(c, w->round, w->rank);
+	if (st == KOLO_OK)
 		return;
-	uint64_t end = kolo_now_ms() + REPORT_MS;
-	kolo_rdzv_set_cancel(c, past_deadline, &end);
-	/* Elastic: this launcher saw the process die, which no peer can know
-	 * for sure (a peer's alive key may predate the death; a closed conn
-	 * may be a re-form). The server drops the worker now, before any
-	 * round can form with it; a report of a round already past is
-	 * ignored there. */
-	if (elastic && kolo_rdzv_report_failure(c, w->round, w->rank) != KOLO_OK)
+	if (w->id[0])
+		fprintf(stderr, "kolorun: cannot report worker %s as dead: %s\n", w->id,
+		        kolo_rdzv_client_error(c));
+	else
 		fprintf(stderr,
 		        "kolorun: cannot report rank %d of round %" PRId64 " as failed: %s\n",
 		        w->rank, w->round, kolo_rdzv_client_error(c));
+}
+
+/* Tells the job that worker w is gone, within about REPORT_MS in all, before
+ * the caller goes on (or exits): in an elastic job to the server (above);
+ * and, for a worker that held a rank, the "0" verdict that kolo_finalize()
+ * writes itself after a failure (runtime/init.c), which the ranks waiting
+ * there for w read instead of waiting out KOLO_TIMEOUT_MS. Best effort. */
+static void report_gone(struct kolo_rdzv_client *c, const struct worker *w, bool elastic)
+{
+	bool ranked = w->rank >= 0 && w->round >= 1;
+	if (!c || (!ranked && !(elastic && w->id[0])))
+		return;
+	uint64_t end = kolo_now_ms() + REPORT_MS;
+	kolo_rdzv_set_cancel(c, past_deadline, &end);
+	if (elastic)
+		report_dead(c, w);
+	if (!ranked) {
+		kolo_rdzv_set_cancel(c, NULL, NULL);
+		return;
+	}
 	char key[64];
 	snprintf(key, sizeof(key), "fin/%" PRId64 "/%d", w->round, w->rank);
 	kolo_status_t st = kolo_rdzv_kv_put(c, key, "0", 1);
@@ -777,6 +822,7 @@ int main(int argc, char **argv)
 				ws[i].exited = true;
 				ws[i].status = status;
 				running--;
+				drain_control(&ws[i]);
 				int code = exit_code(status);
 				if (code == 0) {
 					n_ok++;
