@@ -41,10 +41,12 @@ class Server:
         self.p.kill()
         self.p.wait()
 
-    def call(self, path, method="GET"):
+    def call(self, path, method="GET", body=None):
+        """The JSON answer to method path (with body, an object, as JSON)."""
         with open(self.token) as f:
             auth = "Bearer " + f.read().strip()
-        req = urllib.request.Request(self.url + path, method=method,
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, method=method, data=data,
                                      headers={"Authorization": auth})
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())

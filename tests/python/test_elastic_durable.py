@@ -3,13 +3,19 @@ every step with KOLO_DURABLE_EVERY=4; when both have reported the commit of
 step 11 and the rendezvous records durable commit 8, every worker is
 SIGKILLed at once. A new kolorun of the same job (the rendezvous server
 outlives the workers) resumes from commit 8 (3 commits lost, at most 4) and
-ends with the state of an uninterrupted run of the same size, bitwise."""
+ends with the state of an uninterrupted run of the same size, bitwise.
+
+Who tells the server that the workers are gone: nobody when their kolorun
+dies with them (the leases run out); their kolorun, as it reaps them, when
+it lives (it then restarts them with --restart-failed, or exits)."""
 
 import os
 import re
+import signal
 import time
 import urllib.error
 
+import numpy as np
 import pytest
 
 from conftest import KOLORUN, requires_torch
@@ -19,10 +25,10 @@ STEPS, EVERY, HOLD = 20, 4, 11
 DURABLE = HOLD - HOLD % EVERY
 
 
-def job(server, name, state, env, hold=-1):
+def job(server, name, state, env, hold=-1, launcher_args=()):
     args = ["--state", state, "--steps", STEPS, "--hold-at", hold]
     return Job(server, name, args, np_=2, env=env, script="durable_worker.py",
-               launcher_args=["--min-np", 2, "--max-np", 2])
+               launcher_args=["--min-np", 2, "--max-np", 2, *launcher_args])
 
 
 def events(j, ev, n=2):
@@ -46,8 +52,9 @@ def wait_recorded(server, name, want, limit_s=30):
 
 
 def wait_gone(server, name, limit_s=30):
-    """Until the rendezvous has dropped every worker of job name (their
-    leases ran out): workers that come back then form a new round."""
+    """Until the rendezvous has dropped every worker of job name: when their
+    kolorun died with them nobody reports them, and their leases must run
+    out before workers that come back can form a round without them."""
     deadline = time.monotonic() + limit_s
     while True:
         st = server.call(f"/v1/jobs/{name}")
@@ -107,23 +114,88 @@ def test_every_worker_lost_then_resumed(tmp_path, state):
         server.close()
 
 
-def test_c_state_api_resumes(tmp_path):
-    """The C state API (kolo_elastic_run over registered buffers,
-    tests/elastic/elastic_worker.c): killed once the rendezvous records a
-    durable commit, resumed from the file's commit; every step is applied
-    exactly once over both runs (the worker checks its accumulator)."""
-    worker = os.path.join(os.path.dirname(KOLORUN), "elastic_worker")
-    server = Server(tmp_path, env={"KOLO_LEASE_MS": "1000"})
+def object_reference(steps, size=2):
+    """The object state's final bytes (hex) after steps steps on size ranks,
+    computed here with the worker's float64 arithmetic (a sum of two
+    doubles is the same in any order)."""
+    total = 0.0
+    for s in range(steps):
+        total = total * 0.75 + sum((r + 1) * (s + 1) / 7.0 for r in range(size))
+    return np.float64(total).tobytes().hex()
+
+
+def test_every_worker_killed_restarted(tmp_path):
+    """kolorun --restart-failed, the default 10 s lease: every worker is
+    SIGKILLed at once while kolorun lives. kolorun tells the rendezvous that
+    each is gone as it reaps it, so its replacements form a round and resume
+    from the durable commit at once, not after the dead workers' leases."""
+    lease_ms = 10000  # KOLO_LEASE_MS's default
+    server = Server(tmp_path, env={"KOLO_LEASE_MS": str(lease_ms)})
     durable = tmp_path / "durable"
     durable.mkdir()
     env = {"KOLO_DURABLE_DIR": durable, "KOLO_DURABLE_EVERY": EVERY, "KOLO_LOG_LEVEL": "info"}
+    env["KOLO_ELASTIC"] = 1  # kolorun: a dead worker is replaced, not the job's end
+    name = "durable-restarted"
+    # Rounds of exactly 2, formed as soon as both are there (kolorun -np 2
+    # --min-np 2 --max-np 2 leaves the server's defaults: min 1, settle 2 s).
+    server.call(f"/v1/jobs/{name}", "PUT", {"min_np": 2, "max_np": 2})
+    try:
+        first = job(server, name, "object", env, hold=HOLD, launcher_args=["--restart-failed"])
+        assert [e["step"] for e in events(first, "start")] == [0, 0]
+        assert [e["step"] for e in events(first, "held")] == [HOLD, HOLD]
+        assert wait_recorded(server, name, DURABLE) == DURABLE
+        killed = list(first.pids)
+        assert len(killed) == 2
+        t0 = time.monotonic()
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        starts = events(first, "start")
+        took = max(e["_at"] for e in starts) - t0
+        assert {e["pid"] for e in starts}.isdisjoint(killed)
+        assert [e["step"] for e in starts] == [DURABLE, DURABLE], "".join(first.lines[-40:])
+        assert took < 3.0, f"resumed {took:.1f} s after the kill (lease {lease_ms} ms):\n" + \
+            "".join(first.lines[-40:])
+        done = finish(first)
+        assert [e["step"] for e in done] == [STEPS, STEPS]
+        assert {e["result"] for e in done} == {object_reference(STEPS)}
+    finally:
+        if "first" in locals() and first.p.poll() is None:
+            first.kill()
+        server.close()
+
+
+def children(pid):
+    """The pids of pid's children (kolorun forks from its only thread)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def test_c_state_api_resumes(tmp_path):
+    """The C state API (kolo_elastic_run over registered buffers,
+    tests/elastic/elastic_worker.c): every worker killed once the rendezvous
+    records a durable commit, resumed by a new kolorun from the file's
+    commit; every step is applied exactly once over both runs (the worker
+    checks its accumulator). The first kolorun, left with no worker, has
+    told the rendezvous that each is dead before it exits: the server holds
+    none of them although their leases (the default 10 s) still run."""
+    worker = os.path.join(os.path.dirname(KOLORUN), "elastic_worker")
+    server = Server(tmp_path, env={"KOLO_LEASE_MS": "10000"})
+    durable = tmp_path / "durable"
+    durable.mkdir()
+    env = {"KOLO_DURABLE_DIR": durable, "KOLO_DURABLE_EVERY": EVERY, "KOLO_LOG_LEVEL": "info",
+           "KOLO_ELASTIC": 1}
     cmd = [worker, 60, 8, 20]
     try:
         first = Job(server, "durable-c", [], np_=2, env=env, command=cmd,
                     launcher_args=["--min-np", 2, "--max-np", 2])
         wait_recorded(server, "durable-c", 2 * EVERY)
-        first.kill()
-        wait_gone(server, "durable-c")
+        workers = children(first.p.pid)
+        assert len(workers) == 2, workers
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        assert first.p.wait(timeout=30) == 128 + signal.SIGKILL, "".join(first.lines[-40:])
+        st = server.call("/v1/jobs/durable-c")
+        assert not st["members"] and not st["waiting"], f"{st}\n" + "".join(first.lines[-40:])
         commit = file_commit(durable / "kolo-durable-c.state")
         assert commit % EVERY == 0 and commit >= 2 * EVERY
         again = Job(server, "durable-c", [], np_=2, env=env, command=cmd,

@@ -7,7 +7,8 @@ it into the state and commits. object: an ObjectState of a float64 that
 depends on every step's order; torch: a TorchState of a linear model and
 its SGD-with-momentum optimizer (DistributedOptimizer), fed data made from
 the step's number. --hold-at H: after the commit of step H every worker
-reports {"ev": "held"} and blocks until it is killed.
+whose training started at step 0 reports {"ev": "held"} and blocks until it
+is killed (a replacement that resumed past 0 goes on).
 Reports {"ev": "ready", "pid"}, {"ev": "start", "step"} each time the
 training function starts (after the sync), and {"ev": "done", "step",
 "result"} with the final state, exactly (hex of its bytes)."""
@@ -71,14 +72,17 @@ def main():
     report({"ev": "ready", "pid": os.getpid(), "rank": kolo.rank()})
     state, step, result = (object_job if a.state == "object" else torch_job)(a)
 
+    first_start = []
+
     @elastic.run
     def train(state):
         report({"ev": "start", "pid": os.getpid(), "rank": kolo.rank(), "step": state.step})
+        first_start.append(state.step)
         while state.step < a.steps:
             step(state)
             state.step += 1
             state.commit()
-            if state.step == a.hold_at:
+            if state.step == a.hold_at and first_start[0] == 0:
                 report({"ev": "held", "pid": os.getpid(), "step": state.step})
                 threading.Event().wait()  # until the test kills every worker
 
