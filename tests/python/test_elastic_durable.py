@@ -3,12 +3,15 @@ every step with KOLO_DURABLE_EVERY=4; when both have reported the commit of
 step 11 and the rendezvous records durable commit 8, every worker is
 SIGKILLed at once. A new kolorun of the same job (the rendezvous server
 outlives the workers) resumes from commit 8 (3 commits lost, at most 4) and
-ends with the state of an uninterrupted run of the same size, bitwise.
+ends with the state of an uninterrupted run of the same size, bitwise:
+for an ObjectState, a TorchState and a Keras 3 KerasState on the tensorflow
+backend (kolo.tensorflow.keras).
 
 Who tells the server that the workers are gone: nobody when their kolorun
 dies with them (the leases run out); their kolorun, as it reaps them, when
 it lives (it then restarts them with --restart-failed, or exits)."""
 
+import importlib.util
 import os
 import re
 import signal
@@ -23,6 +26,10 @@ from diag_jobs import Job, Server
 
 STEPS, EVERY, HOLD = 20, 4, 11
 DURABLE = HOLD - HOLD % EVERY
+
+requires_tf_keras = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("tensorflow", "keras")),
+    reason="no tensorflow or keras (scripts/setup.sh installs them)")
 
 
 def job(server, name, state, env, hold=-1, launcher_args=()):
@@ -77,7 +84,8 @@ def finish(j):
     return done
 
 
-@pytest.mark.parametrize("state", ["object", pytest.param("torch", marks=requires_torch)])
+@pytest.mark.parametrize("state", ["object", pytest.param("torch", marks=requires_torch),
+                                   pytest.param("keras", marks=requires_tf_keras)])
 def test_every_worker_lost_then_resumed(tmp_path, state):
     server = Server(tmp_path, env={"KOLO_LEASE_MS": "1000"})
     durable = tmp_path / "durable"
