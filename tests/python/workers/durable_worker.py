@@ -78,8 +78,8 @@ def keras_job(a):
     keras.utils.set_random_seed(1 if kolo.rank() == 0 else 1000 + os.getpid())
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.05, momentum=0.9))
-    model.compile(optimizer=opt, loss="mse", jit_compile=False)
-    opt.build(model.trainable_variables)  # the momenta exist before the first sync
+    model.compile(optimizer=opt, loss="mse")
+    opt.build(model.trainable_variables)  # the momenta exist for a resume to load
     state = hvd.elastic.KerasState(model, opt, step=0)
 
     def step(state):
