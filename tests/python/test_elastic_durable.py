@@ -93,6 +93,8 @@ def test_every_worker_lost_then_resumed(tmp_path, state):
     env = {"KOLO_DURABLE_DIR": durable, "KOLO_DURABLE_EVERY": EVERY, "KOLO_LOG_LEVEL": "info"}
     name = f"durable-{state}"
     try:
+        # The uninterrupted run of the same size, a job of its own beside the first
+        ref = job(server, f"reference-{state}", state, {})
         first = job(server, name, state, env, hold=HOLD)
         assert [e["step"] for e in events(first, "start")] == [0, 0]
         assert [e["step"] for e in events(first, "held")] == [HOLD, HOLD]
@@ -110,7 +112,6 @@ def test_every_worker_lost_then_resumed(tmp_path, state):
         assert f"resuming from durable commit {DURABLE}" in log, log[-4000:]
         assert recorded(server, name) == STEPS - STEPS % EVERY
 
-        ref = job(server, f"reference-{state}", state, {})
         reference = finish(ref)
         assert [e["step"] for e in resumed] == [STEPS, STEPS]
         assert {e["result"] for e in resumed} == {reference[0]["result"]}
