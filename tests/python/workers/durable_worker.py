@@ -1,4 +1,4 @@
-"""An elastic job with durable commits, for test_durable.py.
+"""An elastic job with durable commits, for test_elastic_durable.py.
 
     durable_worker.py --state object|torch|keras --steps S [--hold-at H]
 
