@@ -78,7 +78,8 @@ def main() -> int:
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(a.lr * hvd.size(), momentum=0.9))
     model.compile(optimizer=opt, metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    opt.build(model.trainable_variables)  # every rank has the same variables to sync
+    # The optimizer's variables come at its first step; the state builds them
+    # when it is made, so that a worker that joins later syncs the same list.
     state = hvd.elastic.KerasState(model, epoch=0, step=0)
 
     def on_reset():

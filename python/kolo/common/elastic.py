@@ -424,7 +424,22 @@ class ModelState(VariablesState):
             attach()
         opt = self.optimizer if self.optimizer is not None else \
             getattr(self.model, "optimizer", None)
+        _build_optimizer(self.model, opt)
         return list(self.model.variables) + self._V.optimizer_variables(opt, shared)
+
+
+def _build_optimizer(model: Any, opt: Any) -> None:
+    """Keras creates an optimizer's variables (slots, step count) at its first
+    step. A worker that joins a running job, or a rank 0 that resumes a
+    durable commit, before that step would hold fewer variables than the
+    others or the file, and the sync or the load would fail: build them now,
+    on the model's trainable variables, as that first step would. Only for
+    optimizers that say they are not built (Keras 3) and a built model."""
+    if opt is None or getattr(opt, "built", True) or not callable(getattr(opt, "build", None)):
+        return
+    if not getattr(model, "built", False) or not list(model.trainable_variables):
+        return
+    opt.build(model.trainable_variables)
 
     def _shared_variables(self) -> Sequence[Any]:
         return self._variables(shared=True)
