@@ -79,7 +79,8 @@ def keras_job(a):
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.05, momentum=0.9))
     model.compile(optimizer=opt, loss="mse")
-    opt.build(model.trainable_variables)  # the momenta exist for a resume to load
+    # Not built here, as in Horovod's examples: the state builds the optimizer,
+    # so that the momenta exist for a resume to load.
     state = hvd.elastic.KerasState(model, opt, step=0)
 
     def step(state):
