@@ -14,10 +14,9 @@
 
 /* ---- failures, job configuration -------------------------------------- */
 
-kolo_status_t kolo_rdzv_report_failure(struct kolo_rdzv_client *c, int64_t round, int rank)
+/* POSTs body to the job's failures endpoint. */
+static kolo_status_t post_failure(struct kolo_rdzv_client *c, const char *body)
 {
-	char body[96];
-	snprintf(body, sizeof(body), "{\"round\":%" PRId64 ",\"rank\":%d}", round, rank);
 	struct rdzv_client_req q = {.method = "POST",
 	                            .body = body,
 	                            .blen = strlen(body),
@@ -27,6 +26,14 @@ kolo_status_t kolo_rdzv_report_failure(struct kolo_rdzv_client *c, int64_t round
 	struct rdzv_client_resp r = {0};
 	kolo_status_t st = rdzv_client_simple(c, &q, 202, 200, &r);
 	rdzv_client_resp_fini(&r);
+	return st;
+}
+
+kolo_status_t kolo_rdzv_report_failure(struct kolo_rdzv_client *c, int64_t round, int rank)
+{
+	char body[96];
+	snprintf(body, sizeof(body), "{\"round\":%" PRId64 ",\"rank\":%d}", round, rank);
+	kolo_status_t st = post_failure(c, body);
 	if (st == KOLO_OK)
 		KOLO_INFO(RDZV_CLIENT_SUB, "reported rank %d of round %" PRId64 " as failed", rank,
 		          round);
@@ -44,15 +51,7 @@ kolo_status_t kolo_rdzv_report_dead(struct kolo_rdzv_client *c, const char *work
 		n += snprintf(body + n, sizeof(body) - (size_t)n,
 		              ",\"round\":%" PRId64 ",\"rank\":%d", round, rank);
 	snprintf(body + n, sizeof(body) - (size_t)n, "}");
-	struct rdzv_client_req q = {.method = "POST",
-	                            .body = body,
-	                            .blen = strlen(body),
-	                            .ctype = "application/json",
-	                            .timeout_ms = RDZV_CLIENT_SHORT_REQ_MS};
-	snprintf(q.path, sizeof(q.path), "/v1/jobs/%s/failures", c->job_esc);
-	struct rdzv_client_resp r = {0};
-	kolo_status_t st = rdzv_client_simple(c, &q, 202, 200, &r);
-	rdzv_client_resp_fini(&r);
+	kolo_status_t st = post_failure(c, body);
 	if (st == KOLO_OK)
 		KOLO_INFO(RDZV_CLIENT_SUB, "reported worker %s as dead", worker_id);
 	return st;

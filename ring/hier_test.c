@@ -313,12 +313,30 @@ static int world_run(struct world *w)
 	return w->failures;
 }
 
+static void assert_bits_alike(const struct world *w)
+{
+	for (int r = 1; r < w->n; r++)
+		ck_assert_msg(w->hash[r] == w->hash[0], "rank %d's bits differ from rank 0's", r);
+}
+
+/* 4 hosts of 2 ranks in 2 zones, the host level on, the zone level in
+ * zone_mode; kill_rank ≥ 0 leaves mid-job. */
+static struct world zoned_world(enum kolo_ring_hier_mode zone_mode, int kill_rank)
+{
+	return (struct world){.n = 8,
+	                      .L = 2,
+	                      .H = 4,
+	                      .Z = 2,
+	                      .mode = KOLO_RING_HIER_ON,
+	                      .zone_mode = zone_mode,
+	                      .kill_rank = kill_rank};
+}
+
 static void run_hier(int H, int L, enum kolo_ring_hier_mode mode)
 {
 	struct world w = {.n = H * L, .L = L, .H = H, .mode = mode, .kill_rank = -1};
 	ck_assert_int_eq(world_run(&w), 0);
-	for (int r = 1; r < w.n; r++)
-		ck_assert_msg(w.hash[r] == w.hash[0], "rank %d's bits differ from rank 0's", r);
+	assert_bits_alike(&w);
 	if (mode == KOLO_RING_HIER_ON)
 		ck_assert_int_eq(w.algo_big, KOLO_RING_ALGO_HIER);
 }
@@ -346,16 +364,9 @@ END_TEST
  * the host level's pipeline); sums right, bits alike on every rank. */
 START_TEST(test_hier_nested_zones)
 {
-	struct world w = {.n = 8,
-	                  .L = 2,
-	                  .H = 4,
-	                  .Z = 2,
-	                  .mode = KOLO_RING_HIER_ON,
-	                  .zone_mode = KOLO_RING_HIER_ON,
-	                  .kill_rank = -1};
+	struct world w = zoned_world(KOLO_RING_HIER_ON, -1);
 	ck_assert_int_eq(world_run(&w), 0);
-	for (int r = 1; r < w.n; r++)
-		ck_assert_msg(w.hash[r] == w.hash[0], "rank %d's bits differ from rank 0's", r);
+	assert_bits_alike(&w);
 	ck_assert_int_eq(w.algo_big, KOLO_RING_ALGO_HIER);
 	ck_assert_int_eq(w.zone_algo_big, KOLO_RING_ALGO_HIER);
 	ck_assert_uint_eq(w.chunks_big, 1);
@@ -367,17 +378,10 @@ END_TEST
  * host level then runs its stages one after another. */
 START_TEST(test_hier_zones_auto)
 {
-	struct world w = {.n = 8,
-	                  .L = 2,
-	                  .H = 4,
-	                  .Z = 2,
-	                  .mode = KOLO_RING_HIER_ON,
-	                  .zone_mode = KOLO_RING_HIER_AUTO,
-	                  .kill_rank = -1};
+	struct world w = zoned_world(KOLO_RING_HIER_AUTO, -1);
 	w.zone_gbps = net.gbytes_per_s / 8;
 	ck_assert_int_eq(world_run(&w), 0);
-	for (int r = 1; r < w.n; r++)
-		ck_assert_msg(w.hash[r] == w.hash[0], "rank %d's bits differ from rank 0's", r);
+	assert_bits_alike(&w);
 	ck_assert_int_eq(w.zone_algo_big, KOLO_RING_ALGO_HIER);
 	ck_assert_uint_eq(w.chunks_big, 1);
 }
@@ -386,13 +390,7 @@ END_TEST
 /* A rank of the zone level's comms leaves: every other rank fails. */
 START_TEST(test_hier_nested_peer_leaves)
 {
-	struct world w = {.n = 8,
-	                  .L = 2,
-	                  .H = 4,
-	                  .Z = 2,
-	                  .mode = KOLO_RING_HIER_ON,
-	                  .zone_mode = KOLO_RING_HIER_ON,
-	                  .kill_rank = 5};
+	struct world w = zoned_world(KOLO_RING_HIER_ON, 5);
 	world_run(&w);
 	for (int r = 0; r < 8; r++)
 		if (r != 5)
