@@ -14,6 +14,7 @@
 
 #include "fusion.h"
 #include "hybrid.h"
+#include "membership.h"
 #include "metrics.h"
 #include "transport_shm.h"
 #include "transport_tcp.h"
@@ -356,6 +357,39 @@ kolo_status_t kolo_runtime_init_fail(struct kolo_comm *comm, kolo_status_t st)
 	return st;
 }
 
+static bool leave_wanted(void *arg)
+{
+	(void)arg;
+	return kolo_elastic_leave_requested();
+}
+
+/* An elastic worker may be reclaimed while it waits for its first round,
+ * which can take until the others reach a commit point or replacements
+ * come: SIGTERM (or kolo_elastic_leave) ends the join and the wait within
+ * a second, and the worker leaves the waiting list at once rather than
+ * being assigned a rank it will never take up. */
+static void elastic_wait_cancellable(struct kolo_comm *comm)
+{
+	if (kolo_elastic_signal_install() != KOLO_OK)
+		KOLO_WARN(SUBSYS, "cannot install the SIGTERM handler; a reclaim will look like a "
+		                  "failure");
+	kolo_rdzv_set_cancel(comm->rdzv, leave_wanted, NULL);
+}
+
+/* true when a join or a wait failed because this worker was asked to leave;
+ * comm->err then says so, and the leave can go through (the hook cleared). */
+static bool left_before_rank(struct kolo_comm *comm, bool elastic, kolo_status_t st)
+{
+	kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
+	if (!elastic || st != KOLO_ESHUTDOWN || !kolo_elastic_leave_requested())
+		return false;
+	kolo_comm_fail(comm, KOLO_ESHUTDOWN,
+	               "this worker left job %s before it got a rank (SIGTERM or "
+	               "kolo_elastic_leave)",
+	               kolo_param_str(KOLO_P_JOB));
+	return true;
+}
+
 KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 {
 	init_error[0] = '\0';
@@ -399,10 +433,16 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	};
 	if ((st = kolo_rdzv_client_create(&cc, &comm->rdzv, &comm->err)) != KOLO_OK)
 		return kolo_runtime_init_fail(comm, st);
+	bool elastic = kolo_param_bool(KOLO_P_ELASTIC);
+	if (elastic)
+		elastic_wait_cancellable(comm);
 	if ((st = kolo_rdzv_join(comm->rdzv)) != KOLO_OK)
-		return kolo_runtime_init_fail(
-		        comm, kolo_comm_fail(comm, st, "joining job %s at %s: %s", cc.job, url,
-		                             kolo_rdzv_client_error(comm->rdzv)));
+		return left_before_rank(comm, elastic, st)
+		               ? kolo_runtime_init_fail(comm, KOLO_ESHUTDOWN)
+		               : kolo_runtime_init_fail(
+		                         comm, kolo_comm_fail(comm, st, "joining job %s at %s: %s",
+		                                              cc.job, url,
+		                                              kolo_rdzv_client_error(comm->rdzv)));
 	kolo_runtime_report_worker(comm);
 	/* Heartbeat while waiting too: a long wait must not cost the lease. */
 	if ((st = kolo_rdzv_heartbeat_start(comm->rdzv,
@@ -410,8 +450,11 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 		return kolo_runtime_init_fail(
 		        comm, kolo_comm_fail(comm, st, "%s", kolo_rdzv_client_error(comm->rdzv)));
 	int timeout = (int)KOLO_MIN(kolo_param_int(KOLO_P_INIT_TIMEOUT_MS), INT32_MAX);
-	if ((st = kolo_rdzv_wait_assignment(comm->rdzv, 0, timeout, &comm->assignment)) !=
-	    KOLO_OK) {
+	st = kolo_rdzv_wait_assignment(comm->rdzv, 0, timeout, &comm->assignment);
+	if (st != KOLO_OK && left_before_rank(comm, elastic, st))
+		return kolo_runtime_init_fail(comm, KOLO_ESHUTDOWN);
+	kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
+	if (st != KOLO_OK) {
 		if (st == KOLO_ESHUTDOWN)
 			kolo_comm_fail(comm, st, "job %s ended before this worker got a rank: %s",
 			               cc.job, kolo_rdzv_client_error(comm->rdzv));

@@ -175,6 +175,11 @@ KOLO_API void kolo_elastic_leave(void)
 	kolo_elastic_request_leave();
 }
 
+KOLO_API bool kolo_elastic_leaving(void)
+{
+	return kolo_elastic_leave_requested();
+}
+
 /* ---- reform -------------------------------------------------------------- */
 
 /* Waits for a round after `after` (in which this worker was old_rank of

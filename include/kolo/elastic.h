@@ -112,6 +112,11 @@ KOLO_API bool kolo_elastic_evicted(const kolo_comm_t *comm);
 /* Asks this worker to leave the job at its next commit point, as SIGTERM
  * does in an elastic worker. Thread-safe and async-signal-safe. */
 KOLO_API void kolo_elastic_leave(void);
+/* true once this worker was asked to leave: SIGTERM in an elastic worker,
+ * kolo_elastic_leave() or a preemption notice. When kolo_init returned
+ * KOLO_ESHUTDOWN, it tells a worker that left before it got a rank (true)
+ * from one whose job finished while it waited (false). */
+KOLO_API bool kolo_elastic_leaving(void);
 
 /* The preemption notices this process saw (KOLO_PREEMPTION, docs/spot.md):
  * 0 none; 1 an early hint (AWS's rebalance recommendation: logged, the

@@ -366,7 +366,8 @@ def init() -> None:
             st = lib.kolo_init(ctypes.byref(ptr))
             if st == _S["ESHUTDOWN"]:
                 # The job finished (a member's training completed) while
-                # this worker waited for a rank: nothing is left to do.
+                # this worker waited for a rank, or SIGTERM asked it to leave
+                # before it got one: nothing is left to do.
                 print(f"kolo: {_lib.text(lib.kolo_init_error())}; exiting with status 0",
                       file=sys.stderr, flush=True)
                 raise SystemExit(0)
@@ -1183,6 +1184,13 @@ def elastic_leave() -> None:
     _lib_().kolo_elastic_leave()
 
 
+def elastic_leaving() -> bool:
+    """True once this worker was asked to leave (SIGTERM in an elastic
+    worker, :func:`elastic_leave`, a preemption notice): it leaves at its
+    next commit point."""
+    return bool(_lib_().kolo_elastic_leaving())
+
+
 def elastic_preemption() -> tuple:
     """The preemption notices this process saw (``KOLO_PREEMPTION``,
     docs/spot.md): ``(kind, text)`` with kind 0 (none), 1 (an early hint such
@@ -1217,6 +1225,6 @@ __all__ = [
     "reducescatter_async", "reducescatter_count", "barrier_async", "barrier", "join",
     "send_async", "recv_async", "send", "recv", "ANY_SOURCE",
     "timeline_start", "timeline_stop", "elastic_enabled", "reform", "elastic_resets",
-    "elastic_leave", "elastic_preemption", "elastic_preemption_deadline_ms", "elastic_done", "elastic_evicted", "EXIT_EVICTED", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
+    "elastic_leave", "elastic_leaving", "elastic_preemption", "elastic_preemption_deadline_ms", "elastic_done", "elastic_evicted", "EXIT_EVICTED", "bootstrap_connect", "adopt", "buffer", "status_name", "cuda_supported",
     "run",
 ]

@@ -198,6 +198,7 @@ PROTOTYPES = {
     "kolo_durable_put": (c_status, [c_state_p, c_void_p, c_size_t]),
     "kolo_durable_resume": (c_status, [c_state_p, P(c_void_p), P(c_size_t), P(c_int64)]),
     "kolo_elastic_leave": (None, []),
+    "kolo_elastic_leaving": (c_bool, []),
     "kolo_elastic_preemption": (c_int, [c_char_p, c_size_t]),
     "kolo_elastic_preemption_deadline_ms": (c_int64, []),
     "kolo_elastic_run": (c_status, [c_comm_p, c_state_p, c_train_fn, c_void_p]),

@@ -10,7 +10,8 @@
  *                                     then a worker is killed
  *   elastic_test minnp WORKER         survivors below min-np time out
  *   elastic_test minnp_join WORKER    ... unless a new worker comes in time
- *   elastic_test minnp_term WORKER    SIGTERM while waiting below min-np: leaves
+ *   elastic_test minnp_term WORKER    SIGTERM while waiting below min-np, and to a
+ *                                     replacement waiting for its first round: leaves
  *                                     at once; the job goes on with new workers
  *   elastic_test hang WORKER          a rank's training thread hangs outside kolo:
  *                                     it is taken out, the others go on; when it
@@ -539,6 +540,17 @@ static bool waiting_is(void *arg)
 	return ok;
 }
 
+/* SIGTERM to w; the ms until it exited and closed its output (at most 10 s). */
+static uint64_t sigterm_until_gone(struct worker *w)
+{
+	uint64_t t0 = kolo_now_ms();
+	kill(w->pid, SIGTERM);
+	uint64_t end = t0 + 10000;
+	while (!(w->reaped && w->out < 0) && kolo_now_ms() < end)
+		pump(20);
+	return kolo_now_ms() - t0;
+}
+
 /* A spot reclaim while the survivors wait below min-np for replacements: the
  * SIGTERMed worker must leave within seconds (not when a round forms or
  * KOLO_ELASTIC_TIMEOUT_MS ends the wait), and the job goes on with the other
@@ -557,12 +569,7 @@ static void t_minnp_term(void)
 	int two = 2;
 	REQUIRE(wait_for(waiting_is, &two, WAIT_MS),
 	        "the survivors are not waiting for a round after the kill");
-	uint64_t t0 = kolo_now_ms();
-	kill(leaver->pid, SIGTERM);
-	uint64_t end = t0 + 10000;
-	while (!(leaver->reaped && leaver->out < 0) && kolo_now_ms() < end)
-		pump(20);
-	uint64_t ms = kolo_now_ms() - t0;
+	uint64_t ms = sigterm_until_gone(leaver);
 	fprintf(stderr, "SIGTERM while waiting for a round: the worker left in %" PRIu64 " ms\n",
 	        ms);
 	REQUIRE(leaver->reaped, "the SIGTERMed worker still waits after %" PRIu64 " ms", ms);
@@ -572,13 +579,23 @@ static void t_minnp_term(void)
 	       leaver->failed);
 	int one = 1;
 	EXPECT(wait_for(waiting_is, &one, 5000), "the server still counts the leaver");
+	/* A replacement reclaimed while it waits for its first round. */
+	struct worker *fresh = start_worker();
+	REQUIRE(wait_for(waiting_is, &two, WAIT_MS), "the replacement is not waiting");
+	ms = sigterm_until_gone(fresh);
+	fprintf(stderr, "SIGTERM before a rank: the worker left in %" PRIu64 " ms\n", ms);
+	EXPECT(ms < 3000, "leaving before a rank took %" PRIu64 " ms", ms);
+	EXPECT(fresh->reaped && WIFEXITED(fresh->status) && WEXITSTATUS(fresh->status) == 0 &&
+	               fresh->left,
+	       "the replacement's status is %d (left %d)", fresh->status, fresh->left);
+	EXPECT(wait_for(waiting_is, &one, 5000), "the server still counts the replacement");
 	start_worker();
 	start_worker();
 	EXPECT(wait_for(all_exited, NULL, WAIT_MS), "workers did not finish");
 	cleanup_all();
 	for (int i = 0; i < n_workers; i++) {
 		struct worker *w = &workers[i];
-		if (w == dead || w == leaver)
+		if (w == dead || w == leaver || w == fresh)
 			continue;
 		EXPECT(WIFEXITED(w->status) && WEXITSTATUS(w->status) == 0 && w->result &&
 		               w->result_size == 3 && !w->wrong,

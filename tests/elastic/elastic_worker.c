@@ -16,7 +16,8 @@
  *
  * Prints "ROUND <round> size <n> rank <r>" at every (re)start of the training
  * function, "STEP <s>" after each commit, and at the end "RESULT ok ..." (or
- * "LEFT" when it left the job on SIGTERM). Exit 0 on success, 2 on a wrong
+ * "LEFT" when it left the job on SIGTERM; "LEFT before a rank: ..." when the
+ * SIGTERM came while it waited for its first round). Exit 0 on success, 2 on a wrong
  * result, 3 when the elastic loop failed.
  *
  * ELASTIC_WORKER_HANG=RANK:STEP:MS makes the worker of that rank in round 1
@@ -27,9 +28,10 @@
  * against the closed form after every commit, for the step reached (it holds
  * at any step, not only the last), so "STEP <s>" means both the allreduce and
  * the accumulator were checked; and a worker that leaves checks acc before
- * printing "LEFT". The soak runs with a STEPS it never reaches and ends every
- * worker with SIGTERM. ELASTIC_WORKER_CORRUPT=STEP adds 1 to acc[0] once, at
- * the first step >= STEP (the soak's check that a wrong result is caught).
+ * printing "LEFT". It prints "START" once its own SIGTERM handler (a
+ * kolo_elastic_leave) is in place, before kolo_init. The soak runs with a
+ * STEPS it never reaches and ends every worker with SIGTERM. ELASTIC_WORKER_CORRUPT=STEP adds 1 to
+ * acc[0] once, at the first step >= STEP (the soak's check that a wrong result is caught).
  *
  * ELASTIC_WORKER_DEVICE=1 (blocking mode only): the allreduce runs on a CUDA
  * device buffer (libcudart.so.13 opened with dlopen: a GPU, or the fake of
@@ -41,6 +43,7 @@
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,6 +235,12 @@ static kolo_status_t train(kolo_comm_t *comm, kolo_state_t *state, void *arg)
 	return KOLO_OK;
 }
 
+static void on_term(int sig)
+{
+	(void)sig;
+	kolo_elastic_leave();
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4 && !(argc == 5 && strcmp(argv[4], "async") == 0)) {
@@ -246,6 +255,16 @@ int main(int argc, char **argv)
 	};
 	const char *soak = getenv("ELASTIC_WORKER_SOAK");
 	c.soak = soak && strcmp(soak, "1") == 0;
+	if (c.soak) {
+		/* The soak's SIGTERM may come before kolo_init installs kolo's
+		 * handler: this one asks for the same leave, and "START" tells the
+		 * soak that from now on a SIGTERM is a leave, not a death. */
+		struct sigaction sa = {.sa_handler = on_term};
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGTERM, &sa, NULL);
+		printf("START\n");
+		fflush(stdout);
+	}
 	const char *corrupt = getenv("ELASTIC_WORKER_CORRUPT");
 	c.corrupt_at = corrupt ? atoll(corrupt) : -1;
 	const char *device = getenv("ELASTIC_WORKER_DEVICE");
@@ -264,8 +283,9 @@ int main(int argc, char **argv)
 		return 1;
 	kolo_comm_t *comm = NULL;
 	kolo_status_t st = kolo_init(&comm);
-	if (st == KOLO_ESHUTDOWN) { /* the job finished before this worker got a rank */
-		printf("elastic_worker: %s\n", kolo_init_error());
+	if (st == KOLO_ESHUTDOWN) { /* the job finished, or SIGTERM came, before a rank */
+		printf("%s: %s\n", kolo_elastic_leaving() ? "LEFT before a rank" : "elastic_worker",
+		       kolo_init_error());
 		return 0;
 	}
 	if (st != KOLO_OK) {

@@ -494,3 +494,48 @@ def test_worker_joins_mid_run(server):
         for e in done:
             if e["pid"] != start["pid"]:
                 assert _resets(job, e["pid"]) == [(4, 6)]
+
+
+def _waiting(url, token, job):
+    """The worker ids the server holds waiting for a round of job."""
+    import urllib.error
+    import urllib.request
+    with open(token) as f:
+        auth = "Bearer " + f.read().strip()
+    req = urllib.request.Request(f"{url}/v1/jobs/{job}", headers={"Authorization": auth})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return [w["worker_id"] for w in json.loads(r.read()).get("waiting", [])]
+    except urllib.error.HTTPError:  # the job does not exist yet
+        return []
+
+
+def test_sigterm_before_a_rank(server):
+    """A worker SIGTERMed while kolo.init() waits for its first round (one
+    worker of a job of min-np 2) leaves the server's waiting list and exits
+    0 within seconds, saying so; without kolo's handler in place before the
+    join it would die of the signal and stay on the list until its lease
+    lapsed."""
+    url, token = server
+    env = worker_env({"KOLO_RENDEZVOUS": url, "KOLO_TOKEN_FILE": token, "KOLO_JOB": "pyterm",
+                      "KOLO_ELASTIC": "1", "KOLO_HEARTBEAT_MS": "300"})
+    p = subprocess.Popen([PYTHON, "-c", "import kolo; kolo.init(); print('INIT RETURNED')"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _waiting(url, token, "pyterm"):
+            assert p.poll() is None, p.communicate()
+            assert time.monotonic() < deadline, "the worker never joined"
+            time.sleep(0.05)  # polling the server's state, not synchronising
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=10)
+        ms = (time.monotonic() - t0) * 1000
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 0, err
+    assert ms < 3000, f"leaving took {ms:.0f} ms"
+    assert "INIT RETURNED" not in out
+    assert "left job pyterm before it got a rank" in err, err
+    assert _waiting(url, token, "pyterm") == []

@@ -130,6 +130,8 @@ class Worker:
 		self.lines = collections.deque(maxlen=20)
 		self.expect = None  # "kill" or "term" once the driver sent it
 		self.left = False
+		self.started = False  # "START": its SIGTERM handler is in place
+		self.term_unhandled = False  # SIGTERMed before "START" was read
 		self.failed = ""
 		self.stopped = False
 		self.long_lived = False
@@ -149,6 +151,17 @@ class Worker:
 	def __str__(self):
 		return "%s (pid %d, rank %d, round %d)" % (self.name, self.pid, self.rank, self.round)
 
+	def signal(self, sig):
+		if sig == signal.SIGTERM and not self.started:
+			self.term_unhandled = True
+		self.proc.send_signal(sig)
+
+	def term_ok(self):
+		"""A SIGTERMed worker left the job (exit 0 after "LEFT"), or died of
+		the signal before its handler was in place: a process just started."""
+		return ((self.status == 0 and self.left) or
+		        (self.term_unhandled and self.status == -signal.SIGTERM))
+
 	def on_line(self, line):
 		self.lines.append(line)
 		s = self.soak
@@ -167,6 +180,8 @@ class Worker:
 			self.rounds += 1
 			self.progress_at = now()
 			s.rounds_seen.add(self.round)
+		elif line.startswith("START"):
+			self.started = True
 		elif line.startswith("LEFT"):
 			self.left = True
 		elif line.startswith("WRONG"):
@@ -454,7 +469,7 @@ class Soak:
 		t = now()
 		v.expect = kind
 		self.victim_at = now()
-		v.proc.send_signal(sig)
+		v.signal(sig)
 		early = self.rng.random() < 0.5
 		if early and len(self.alive()) < self.a.ranks:
 			self.start_worker()  # while the others re-form, as kolorun --restart-failed
@@ -463,7 +478,7 @@ class Soak:
 		self.wait(lambda: v.gone, 15, "%s of %s: it did not exit" % (kind, v))
 		if kind == "kill" and v.status != -signal.SIGKILL:
 			raise Failure("%s: status %s after SIGKILL" % (v, v.status))
-		if kind == "term" and not (v.status == 0 and v.left):
+		if kind == "term" and not v.term_ok():
 			raise Failure("%s: status %s, LEFT %s after SIGTERM; last lines %s"
 			              % (v, v.status, v.left, list(v.lines)[-5:]))
 		if len(self.alive()) < self.a.ranks:
@@ -589,12 +604,12 @@ class Soak:
 				self.victim_at = now()
 				if v.rank == 0:
 					self.rank0_victims += 1
-				v.proc.send_signal(signal.SIGKILL if act == "kill" else signal.SIGTERM)
+				v.signal(signal.SIGKILL if act == "kill" else signal.SIGTERM)
 		for v, act in victims:
 			self.wait(lambda: v.gone, 30, "%s of %s: it did not exit" % (act, v))
 			if act == "kill" and v.status != -signal.SIGKILL:
 				raise Failure("%s: status %s after SIGKILL" % (v, v.status))
-			if act == "term" and not (v.status == 0 and v.left):
+			if act == "term" and not v.term_ok():
 				raise Failure("%s: status %s, LEFT %s after SIGTERM; last lines %s"
 				              % (v, v.status, v.left, list(v.lines)[-5:]))
 		while len(self.alive()) < self.a.ranks:
@@ -671,9 +686,9 @@ class Soak:
 		ws = self.alive()
 		for w in ws:
 			w.expect = "term"
-			w.proc.send_signal(signal.SIGTERM)
+			w.signal(signal.SIGTERM)
 		self.wait(lambda: all(w.gone for w in ws), 30, "SIGTERM at the end: workers still run")
-		bad = [w for w in ws if not (w.status == 0 and w.left)]
+		bad = [w for w in ws if not w.term_ok()]
 		if bad:
 			raise Failure("at the end: %s" % ", ".join(
 			        "%s status %s LEFT %s %s" % (w, w.status, w.left, w.failed) for w in bad))
