@@ -47,7 +47,11 @@ static struct {
 static atomic_int mx_pending;
 static const struct mx_context mx_cpu = {1, 0};
 
-enum mx_kind { MX_ALLREDUCE, MX_BROADCAST };
+enum mx_kind { MX_ALLREDUCE, MX_BROADCAST, MX_REDUCESCATTER, MX_ALLGATHER };
+
+static const char *const mx_kind_name[] = {"allreduce", "broadcast", "reducescatter", "allgather"};
+static const char *const mx_opr_name[] = {"kolo_allreduce", "kolo_broadcast", "kolo_reducescatter",
+                                          "kolo_allgather"};
 
 /* One pushed operation: its own references to the arrays (shallow copies,
  * freed with it), the names, and the MXNet callback to complete. */
@@ -65,6 +69,7 @@ struct mx_op {
 	kolo_op_t op;
 	double pre, post;
 	int root;
+	size_t *gathered; /* MX_ALLGATHER: every rank's count, filled by kolo */
 	struct mx_on_complete done;
 };
 
@@ -100,9 +105,8 @@ static void record_error(kolo_status_t st, const struct mx_op *o)
 	if (mx.err == KOLO_OK) {
 		mx.err = st;
 		const char *detail = o->comm ? kolo_last_error(o->comm) : "";
-		snprintf(mx.err_msg, sizeof mx.err_msg, "%s %s: %s",
-		         o->kind == MX_ALLREDUCE ? "allreduce" : "broadcast", o->names[0],
-		         detail && detail[0] ? detail : kolo_strerror(st));
+		snprintf(mx.err_msg, sizeof mx.err_msg, "%s %s: %s", mx_kind_name[o->kind],
+		         o->names[0], detail && detail[0] ? detail : kolo_strerror(st));
 	}
 	pthread_mutex_unlock(&mx.lock);
 }
@@ -143,6 +147,7 @@ static void op_free(void *param)
 	free(o->in);
 	free(o->out);
 	free(o->counts);
+	free(o->gathered);
 	free(o);
 }
 
@@ -156,6 +161,32 @@ static void op_complete(void *arg, kolo_status_t st)
 	struct mx_on_complete done = o->done;
 	atomic_fetch_sub(&mx_pending, 1);
 	done.fn(done.engine, done.param, NULL);
+}
+
+/* The first element of this rank's share of an array of count elements
+ * (kolo_reducescatter_count's split), and the share's length. */
+static size_t share_of(kolo_comm_t *comm, size_t count, size_t *len)
+{
+	int size = kolo_size(comm), rank = kolo_rank(comm);
+	size_t off = 0;
+	for (int r = 0; r < rank; r++)
+		off += kolo_reducescatter_count(count, size, r);
+	*len = kolo_reducescatter_count(count, size, rank);
+	return off;
+}
+
+/* The in-place reducescatter and allgather on an array's memory: the share
+ * sits at its own offset in the array, as a ZeRO-style update wants it. */
+static kolo_status_t run_share(struct mx_op *o, void *array)
+{
+	size_t len, off = share_of(o->comm, o->counts[0], &len);
+	char *share = (char *)array + off * kolo_dtype_size(o->dtype);
+	if (o->kind == MX_REDUCESCATTER)
+		return kolo_reducescatter_async(o->comm, o->names[0], array, share, o->counts[0],
+		                                o->dtype, o->op, o->pre, o->post, op_complete, o,
+		                                NULL);
+	return kolo_allgather_into_async(o->comm, o->names[0], share, len, o->dtype, array,
+	                                 o->counts[0], o->gathered, op_complete, o, NULL);
 }
 
 /* MXNet's engine thread: the inputs are ready and nobody else writes the
@@ -174,6 +205,8 @@ static void op_run(void *run_ctx, void *on_complete, void *param)
 	if (st == KOLO_OK && o->kind == MX_BROADCAST)
 		st = kolo_broadcast_async(o->comm, o->names[0], out[0], o->counts[0], o->dtype,
 		                          o->root, op_complete, o, NULL);
+	else if (st == KOLO_OK && (o->kind == MX_REDUCESCATTER || o->kind == MX_ALLGATHER))
+		st = run_share(o, out[0]);
 	else if (st == KOLO_OK && o->n == 1)
 		st = kolo_allreduce_async(o->comm, o->names[0], in[0], out[0], o->counts[0],
 		                          o->dtype, o->op, o->pre, o->post, op_complete, o, NULL);
@@ -239,7 +272,7 @@ static kolo_status_t op_push(struct mx_op *o, int priority)
 		writes[o->n] = o->token;
 	atomic_fetch_add(&mx_pending, 1);
 	if (mx.push(op_run, o, op_free, (void *)&mx_cpu, reads, nr, writes, nw, NULL, priority,
-	            o->kind == MX_ALLREDUCE ? "kolo_allreduce" : "kolo_broadcast", false) != 0) {
+	            mx_opr_name[o->kind], false) != 0) {
 		atomic_fetch_sub(&mx_pending, 1);
 		op_free(o);
 		return KOLO_EINVAL;
@@ -261,6 +294,16 @@ static kolo_status_t check_common(kolo_comm_t *comm, int n, const char *const *n
 	return KOLO_OK;
 }
 
+/* Sets o's reduction and pushes it. */
+static kolo_status_t push_reduction(struct mx_op *o, kolo_op_t op, double pre, double post,
+                                    int priority)
+{
+	o->op = op;
+	o->pre = pre;
+	o->post = post;
+	return op_push(o, priority);
+}
+
 kolo_status_t kolo_mx_allreduce(kolo_comm_t *comm, int n, const char *const *names,
                                 void *const *inputs, void *const *outputs, const size_t *counts,
                                 kolo_dtype_t dtype, kolo_op_t op, double prescale, double postscale,
@@ -279,25 +322,60 @@ kolo_status_t kolo_mx_allreduce(kolo_comm_t *comm, int n, const char *const *nam
 	if (o == NULL)
 		return KOLO_ENOMEM;
 	o->dtype = dtype;
-	o->op = op;
-	o->pre = prescale;
-	o->post = postscale;
-	return op_push(o, priority);
+	return push_reduction(o, op, prescale, postscale, priority);
 }
 
-kolo_status_t kolo_mx_broadcast(kolo_comm_t *comm, const char *name, void *array, size_t count,
-                                kolo_dtype_t dtype, int root, int priority, void *token)
+/* The operation of one array, in place, once the common checks passed. */
+static kolo_status_t single_new(enum mx_kind kind, kolo_comm_t *comm, const char *name, void *array,
+                                size_t count, kolo_dtype_t dtype, void *token, struct mx_op **out)
 {
 	void *arrays[1] = {array};
 	kolo_status_t st = check_common(comm, 1, &name, arrays, dtype);
 	if (st != KOLO_OK)
 		return st;
-	if (root < 0 || root >= kolo_size(comm))
-		return KOLO_EINVAL;
-	struct mx_op *o = op_new(MX_BROADCAST, comm, 1, &name, arrays, arrays, &count, token);
-	if (o == NULL)
+	if ((*out = op_new(kind, comm, 1, &name, arrays, arrays, &count, token)) == NULL)
 		return KOLO_ENOMEM;
-	o->dtype = dtype;
+	(*out)->dtype = dtype;
+	return KOLO_OK;
+}
+
+kolo_status_t kolo_mx_broadcast(kolo_comm_t *comm, const char *name, void *array, size_t count,
+                                kolo_dtype_t dtype, int root, int priority, void *token)
+{
+	struct mx_op *o = NULL;
+	kolo_status_t st = single_new(MX_BROADCAST, comm, name, array, count, dtype, token, &o);
+	if (st != KOLO_OK)
+		return st;
+	if (root < 0 || root >= kolo_size(comm)) {
+		op_free(o);
+		return KOLO_EINVAL;
+	}
 	o->root = root;
+	return op_push(o, priority);
+}
+
+kolo_status_t kolo_mx_reducescatter(kolo_comm_t *comm, const char *name, void *array, size_t count,
+                                    kolo_dtype_t dtype, kolo_op_t op, double prescale,
+                                    double postscale, int priority, void *token)
+{
+	if ((int)op < 0 || op >= KOLO_OP_COUNT)
+		return KOLO_EINVAL;
+	struct mx_op *o = NULL;
+	kolo_status_t st = single_new(MX_REDUCESCATTER, comm, name, array, count, dtype, token, &o);
+	return st != KOLO_OK ? st : push_reduction(o, op, prescale, postscale, priority);
+}
+
+kolo_status_t kolo_mx_allgather(kolo_comm_t *comm, const char *name, void *array, size_t count,
+                                kolo_dtype_t dtype, int priority, void *token)
+{
+	struct mx_op *o = NULL;
+	kolo_status_t st = single_new(MX_ALLGATHER, comm, name, array, count, dtype, token, &o);
+	if (st != KOLO_OK)
+		return st;
+	o->gathered = calloc((size_t)kolo_size(comm), sizeof *o->gathered);
+	if (o->gathered == NULL) {
+		op_free(o);
+		return KOLO_ENOMEM;
+	}
 	return op_push(o, priority);
 }

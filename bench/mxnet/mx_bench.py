@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Step time of gluon data-parallel training on 4 local workers: kolo.mxnet's
-DistributedTrainer (under kolorun) against MXNet's own parameter server
+DistributedTrainer (under kolorun; as Horovod's, and with sharded_update=True)
+against MXNet's own parameter server
 (kvstore dist_sync, with as many servers as workers, co-located, and a
 scheduler: what MXNet's tools/launch.py starts on one host), same model,
 local batch and optimizer, interleaved rounds; a communication-bound MLP
@@ -11,7 +12,8 @@ cost of kolo.mxnet's engine path against its numpy path.
 
 Runs under the MXNet environment (.venv-mxnet, scripts/setup.sh
 --with-mxnet; KOLO_MXNET_PYTHON). Prints every run and, per model, the
-median of the rounds and the ratio dist_sync / kolo."""
+median of the rounds and the ratios dist_sync / kolo. Each round runs the three
+sides in a rotated order."""
 
 import argparse
 import json
@@ -44,8 +46,8 @@ def parse(out: str) -> dict:
     raise RuntimeError("no MXBENCH line in:\n" + out[-3000:])
 
 
-def run_kolo(np_, model, steps):
-    p = subprocess.run([KOLORUN, "-np", str(np_), "--", PY, WORKER, "kolo", model, str(steps)],
+def run_kolo(np_, model, steps, side="kolo"):
+    p = subprocess.run([KOLORUN, "-np", str(np_), "--", PY, WORKER, side, model, str(steps)],
                        capture_output=True, text=True, env=env(), timeout=900)
     if p.returncode != 0:
         raise RuntimeError(f"kolo run failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
@@ -93,9 +95,9 @@ def main():
     runs = {}
     for r in range(a.rounds):
         for model in a.models.split(","):
-            order = [("kolo", run_kolo), ("dist_sync", run_ps)]
-            if r % 2:
-                order.reverse()
+            order = [("kolo", run_kolo), ("dist_sync", run_ps),
+                     ("kolo-shard", lambda *x: run_kolo(*x, side="kolo-shard"))]
+            order = order[r % 3:] + order[:r % 3]
             for side, fn in order:
                 res = fn(a.np, model, a.steps)
                 runs.setdefault((model, side), []).append(res["step_ms"])
@@ -106,8 +108,12 @@ def main():
     for model in a.models.split(","):
         k = statistics.median(runs[(model, "kolo")])
         d = statistics.median(runs[(model, "dist_sync")])
-        summary[model] = {"kolo_ms": k, "dist_sync_ms": d, "ratio": d / k}
-        print(f"{model}: kolo {k:.1f} ms, dist_sync {d:.1f} ms, dist_sync / kolo = {d / k:.2f}")
+        sh = statistics.median(runs[(model, "kolo-shard")])
+        summary[model] = {"kolo_ms": k, "dist_sync_ms": d, "ratio": d / k,
+                          "kolo_shard_ms": sh, "ratio_shard": d / sh}
+        print(f"{model}: kolo {k:.1f} ms, kolo sharded_update {sh:.1f} ms, dist_sync "
+              f"{d:.1f} ms; dist_sync / kolo = {d / k:.2f}, dist_sync / kolo sharded = "
+              f"{d / sh:.2f}")
     if a.perop:
         p = subprocess.run([KOLORUN, "-np", "2", "--", PY, WORKER, "perop", str(a.perop)],
                            capture_output=True, text=True, env=env(), timeout=600)

@@ -1,9 +1,10 @@
 """One worker of bench/mxnet/mx_bench.py (MXNet 1.9, .venv-mxnet).
 
-    mx_worker.py kolo|ps MODEL STEPS   -> one "MXBENCH {json}" line (rank 0)
+    mx_worker.py kolo|kolo-shard|ps MODEL STEPS   -> one "MXBENCH {json}" line (rank 0)
     mx_worker.py perop N               -> per-op costs (kolo ranks)
 
-kolo: gluon with kolo.mxnet's DistributedTrainer under kolorun. ps: gluon
+kolo: gluon with kolo.mxnet's DistributedTrainer under kolorun (kolo-shard:
+with sharded_update=True). ps: gluon
 with MXNet's own parameter server (kvstore dist_sync; the DMLC_* variables
 come from the bench). Same model, local batch and optimizer; a step is timed
 to the end of MXNet's work (waitall), the median over STEPS after 3 warm-up
@@ -40,12 +41,13 @@ def model(name):
 def train(side, name, steps):
     net, d_in, batch = model(name)
     opt = {"learning_rate": 0.01, "momentum": 0.9}
-    if side == "kolo":
+    if side.startswith("kolo"):
         import kolo.mxnet as hvd
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
         hvd.broadcast_parameters(net.collect_params(), root_rank=0)
-        trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", opt)
+        trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", opt,
+                                         sharded_update=side == "kolo-shard")
     else:
         kv = mx.kv.create("dist_sync")
         rank, size = kv.rank, kv.num_workers
@@ -69,7 +71,7 @@ def train(side, name, steps):
         print("MXBENCH " + json.dumps({"side": side, "model": name, "size": size,
                                         "params": params, "batch": batch,
                                         "step_ms": 1000 * statistics.median(times)}), flush=True)
-    if side == "kolo":
+    if side.startswith("kolo"):
         hvd.shutdown()
 
 

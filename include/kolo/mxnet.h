@@ -55,6 +55,21 @@ KOLO_API kolo_status_t kolo_mx_broadcast(kolo_comm_t *comm, const char *name, vo
                                          size_t count, kolo_dtype_t dtype, int root, int priority,
                                          void *token);
 
+/* The two halves of an allreduce, in place on `array` (count elements) for
+ * an update of this rank's share only (a sharded optimizer step). A rank's
+ * share is kolo_reducescatter_count(count, size, rank) elements at the
+ * offset of the shares of the ranks before it. kolo_mx_reducescatter
+ * reduces the array over the ranks into this rank's share (the rest of the
+ * array is left as it was); kolo_mx_allgather copies every rank's share
+ * into its place on every rank. `token` as for kolo_mx_allreduce. */
+KOLO_API kolo_status_t kolo_mx_reducescatter(kolo_comm_t *comm, const char *name, void *array,
+                                             size_t count, kolo_dtype_t dtype, kolo_op_t op,
+                                             double prescale, double postscale, int priority,
+                                             void *token);
+KOLO_API kolo_status_t kolo_mx_allgather(kolo_comm_t *comm, const char *name, void *array,
+                                         size_t count, kolo_dtype_t dtype, int priority,
+                                         void *token);
+
 /* The first failure of a pushed operation not yet taken, with its message
  * copied into msg (len bytes, NUL-terminated); KOLO_OK and "" when none. */
 KOLO_API kolo_status_t kolo_mx_take_error(char *msg, size_t len);

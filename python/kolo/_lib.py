@@ -220,6 +220,14 @@ PROTOTYPES = {
     "kolo_mx_broadcast": (
         c_status, [c_comm_p, c_char_p, c_void_p, c_size_t, c_dtype, c_int, c_int, c_void_p],
     ),
+    "kolo_mx_reducescatter": (
+        c_status,
+        [c_comm_p, c_char_p, c_void_p, c_size_t, c_dtype, c_op, c_double, c_double, c_int,
+         c_void_p],
+    ),
+    "kolo_mx_allgather": (
+        c_status, [c_comm_p, c_char_p, c_void_p, c_size_t, c_dtype, c_int, c_void_p],
+    ),
     "kolo_mx_take_error": (c_status, [c_char_p, c_size_t]),
     "kolo_mx_pending": (c_int, []),
 }

@@ -31,15 +31,16 @@ def run(np_, mode, **kw):
 
 @pytest.mark.parametrize("np_", [2, 3, 4])
 def test_ops_against_references(np_):
-    names, _ = check_cases(run(np_, "ops", timeout=240), np_, 10)
-    assert {"engine_order", "mismatch", "process_set"} <= set(names)
+    names, _ = check_cases(run(np_, "ops", timeout=240), np_, 11)
+    assert {"engine_order", "mismatch", "process_set", "shards"} <= set(names)
 
 
 def test_training_equals_the_concatenated_batch():
-    names, res = check_cases(run(3, "train", timeout=240), 3, 4)
-    assert names == ["trainer", "trainer_groups", "optimizer", "deferred"]
+    names, res = check_cases(run(3, "train", timeout=240), 3, 6)
+    assert names == ["trainer", "trainer_groups", "trainer_sharded", "trainer_sharded_adam",
+                     "optimizer", "deferred"]
     errs = [x["err"] for x in res[0] if "trainer" in x]
-    assert len(errs) == 2 and max(errs) <= 1e-5
+    assert len(errs) == 4 and max(errs) <= 1e-5
 
 
 def test_a_killed_rank_fails_the_others():

@@ -26,7 +26,8 @@ from .compression import Compression  # noqa: F401
 from .ops import drain as _drain
 from .ops import (  # noqa: F401
     allgather, allreduce, allreduce_, alltoall, broadcast, broadcast_, grouped_allgather,
-    grouped_allreduce, grouped_allreduce_, grouped_reducescatter, reducescatter, synchronize)
+    grouped_allreduce, grouped_allreduce_, grouped_reducescatter, reducescatter,
+    shard_allgather_, shard_range, shard_reducescatter_, synchronize)
 from .training import (  # noqa: F401
     DistributedOptimizer, DistributedTrainer, broadcast_parameters)
 

@@ -241,6 +241,65 @@ def broadcast(tensor: Any, root_rank: int, name: Optional[str] = None, priority:
     return broadcast_(tensor.copy(), root_rank, name, priority, process_set)
 
 
+# ---- shards: the two halves of an allreduce, in place (a sharded update) ------
+
+
+def shard_range(count: int, process_set: ProcessSet = global_process_set) -> tuple:
+    """``(lo, hi)``: this rank's share of an array of ``count`` elements, as
+    :func:`shard_reducescatter_` leaves it and :func:`shard_allgather_`
+    reads it (kolo_reducescatter_count's split: the first ``count % size``
+    ranks hold one element more)."""
+    comm = process_set_comm(process_set, "shard_range")
+    size = comm.size() if comm is not None else kolo.size()
+    rank = comm.rank() if comm is not None else kolo.rank()
+    lib = kolo._lib_()
+    lo = sum(lib.kolo_reducescatter_count(count, size, r) for r in range(rank))
+    return lo, lo + lib.kolo_reducescatter_count(count, size, rank)
+
+
+def shard_reducescatter_(tensor: Any, name: Optional[str] = None, priority: int = 0,
+                         process_set: ProcessSet = global_process_set, op: int = Average,
+                         prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Any:
+    """``tensor`` (read as flat) reduced over the ranks into this rank's share
+    of it, ``tensor.reshape(-1)[lo:hi]`` for :func:`shard_range`'s bounds;
+    the rest of it is left as it was. Pushed onto MXNet's engine; returns
+    ``tensor``."""
+    op, comm, pre, post = _reduce_args("shard_reducescatter", op, None, process_set,
+                                       prescale_factor, postscale_factor)
+    return _push_share("shard_reducescatter", tensor, name, priority, comm,
+                       kolo.op_code(kolo_op(op)), pre, post)
+
+
+def shard_allgather_(tensor: Any, name: Optional[str] = None, priority: int = 0,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Every rank's share of ``tensor`` (:func:`shard_range`) copied into its
+    place on every rank, in place. Pushed onto MXNet's engine; returns
+    ``tensor``."""
+    comm = process_set_comm(process_set, "shard_allgather")
+    return _push_share("shard_allgather", tensor, name, priority, comm, None, 1.0, 1.0)
+
+
+def _push_share(what: str, tensor: Any, name: Optional[str], priority: int,
+                comm: Optional[kolo.Comm], code: Optional[int], pre: float, post: float) -> Any:
+    _cpu(tensor, what)
+    lib = _lib()
+    check_errors()
+    dt = _dtype(tensor, what)
+    nm = util.op_name(what, name, comm)
+    if tensor.size == 0:
+        return tensor
+    if code is None:
+        st = lib.kolo_mx_allgather(_comm_ptr(comm), nm.encode(), tensor.handle.value,
+                                   tensor.size, dt, int(priority), _token(comm, nm))
+    else:
+        st = lib.kolo_mx_reducescatter(_comm_ptr(comm), nm.encode(), tensor.handle.value,
+                                       tensor.size, dt, code, float(pre), float(post),
+                                       int(priority), _token(comm, nm))
+    if st != 0:
+        raise kolo._error(st, f"kolo.mxnet: {what} {nm}: {kolo.last_error()}")
+    return tensor
+
+
 # ---- collectives whose output shape depends on every rank ---------------------
 
 

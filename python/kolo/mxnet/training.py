@@ -13,6 +13,7 @@ import mxnet as mx
 
 from kolo.common.basics import ProcessSet, Sum, global_process_set, process_set_comm
 
+from . import sharded
 from .compression import Compression
 from .ops import allreduce_, broadcast_, grouped_allreduce_
 
@@ -101,12 +102,18 @@ class DistributedTrainer(mx.gluon.Trainer):
     """A ``gluon.Trainer`` without a kvstore whose gradients are summed over
     the ranks by parameter (name ``<prefix><index>``, priority ``-index``;
     with ``num_groups``, in that many groups per dtype) before the update,
-    with ``rescale_grad`` divided by the number of ranks."""
+    with ``rescale_grad`` divided by the number of ranks.
+
+    ``sharded_update=True`` (kolo's, not Horovod's): ``step()`` reduce-scatters
+    each gradient, updates this rank's share of each parameter only and
+    allgathers the weights (kolo/mxnet/sharded.py): the same bytes as the
+    allreduce, 1/N of the update's work, for element-wise optimizers; the
+    optimizer state is then held in shards (no ``save_states``)."""
 
     def __init__(self, params, optimizer, optimizer_params=None,
                  compression: Any = Compression.none, gradient_predivide_factor: float = 1.0,
                  prefix: Optional[str] = None, num_groups: int = 0,
-                 process_set: ProcessSet = global_process_set):
+                 process_set: ProcessSet = global_process_set, sharded_update: bool = False):
         self._compression = compression
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer._optimizer
@@ -124,6 +131,37 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._prefix = prefix or ""
         self._num_groups = num_groups
         self._process_set = process_set
+        self._sharded = bool(sharded_update) and self._kolo_size > 1
+        self._shards: dict = {}
+        if self._sharded:
+            sharded.check_optimizer(self._optimizer)
+
+    def step(self, batch_size, ignore_stale_grad=False):
+        if not self._sharded:
+            return super().step(batch_size, ignore_stale_grad)
+        self._check_and_rescale_grad(self._scale / batch_size)
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if self._params_to_init:
+            self._init_params()
+        sharded.reducescatter_grads(self)
+        sharded.update(self, ignore_stale_grad)
+
+    def _update(self, ignore_stale_grad=False):
+        # update() after allreduce_grads(): whole gradients, shares updated
+        if self._sharded:
+            return sharded.update(self, ignore_stale_grad)
+        return super()._update(ignore_stale_grad)
+
+    def save_states(self, fname):
+        if self._sharded:
+            sharded.refuse_states("save_states")
+        return super().save_states(fname)
+
+    def load_states(self, fname):
+        if self._sharded:
+            sharded.refuse_states("load_states")
+        return super().load_states(fname)
 
     def _allreduce_grads(self):
         if self._kolo_size == 1:

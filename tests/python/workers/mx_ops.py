@@ -136,6 +136,35 @@ def case_reducescatter(case):
     return close(ys[0].asnumpy(), full[2 * R:2 * R + 2] / N, "float32", "grouped_reducescatter")
 
 
+def case_shards(case):
+    """shard_reducescatter_ leaves the sum in this rank's share and the rest
+    as it was; shard_allgather_ puts every rank's share in place. 7 x 5
+    elements: shares of 35 // N or one more; the next MXNet op reads the
+    result without a wait."""
+    xs = [data(r, (7, 5), "float32", salt=3) for r in range(N)]
+    full = np.sum(np.stack(xs).astype(np.float64), 0).reshape(-1)
+    lo, hi = hvd.shard_range(35)
+    sizes = hvd.allgather_object(hi - lo)
+    if sum(sizes) != 35 or max(sizes) - min(sizes) > 1:
+        return f"shares of 35 elements: {sizes}"
+    x = mx.nd.array(xs[R])
+    hvd.shard_reducescatter_(x, name="shard.rs", op=hvd.Sum)
+    got = (x * 1).asnumpy().reshape(-1)
+    mine = xs[R].astype(np.float64).reshape(-1)
+    bad = close(got[lo:hi], full[lo:hi], "float32", "shard_reducescatter_ share") or \
+        close(np.delete(got, range(lo, hi)), np.delete(mine, range(lo, hi)), "float32",
+              "shard_reducescatter_ outside the share")
+    if bad:
+        return bad
+    w = mx.nd.array(np.full((7, 5), -1.0, np.float32))
+    w.reshape(-1)[lo:hi] = mx.nd.array(np.arange(lo, hi, dtype=np.float32) + 100 * R)
+    hvd.shard_allgather_(w, name="shard.ag")
+    want = np.concatenate([np.arange(a, a + n) + 100 * r for r, (a, n) in
+                           enumerate(zip(np.cumsum([0] + sizes[:-1]), sizes))])
+    return close((w + 0).asnumpy().reshape(-1), want.astype(np.float64), "float32",
+                 "shard_allgather_")
+
+
 def case_objects(case):
     got = hvd.broadcast_object({"from": R, "list": list(range(R))}, root_rank=N - 1)
     if got != {"from": N - 1, "list": list(range(N - 1))}:
@@ -199,6 +228,7 @@ def run_ops():
     for name, fn in [("allreduce", case_allreduce), ("grouped", case_grouped),
                      ("broadcast", case_broadcast), ("allgather", case_allgather),
                      ("alltoall", case_alltoall), ("reducescatter", case_reducescatter),
+                     ("shards", case_shards),
                      ("objects", case_objects), ("engine_order", case_engine_order),
                      ("mismatch", case_mismatch), ("process_set", case_process_set)]:
         cases.run(name, fn)
@@ -225,27 +255,54 @@ def net_from(seed):
     return net
 
 
-def gluon_train(net, trainer, xs, ys):
+def gluon_train(net, trainer, xs, ys, split=False):
     loss_fn = mx.gluon.loss.L2Loss()
     for x, y in zip(xs, ys):
         with mx.autograd.record():
             loss = loss_fn(net(mx.nd.array(x)), mx.nd.array(y))
         loss.backward()
-        trainer.step(x.shape[0])
+        if split:  # as for gradient clipping: whole gradients, then the update
+            trainer.allreduce_grads()
+            trainer.update(x.shape[0])
+        else:
+            trainer.step(x.shape[0])
     return [p.data().asnumpy() for _, p in sorted(net.collect_params().items())]
+
+
+# case: (optimizer, its parameters, DistributedTrainer's arguments, step split)
+TRAINERS = {
+    "trainer": ("sgd", {"learning_rate": 0.1, "momentum": 0.9}, {}, False),
+    "trainer_groups": ("sgd", {"learning_rate": 0.1, "momentum": 0.9}, {"num_groups": 2}, False),
+    "trainer_sharded": ("sgd", {"learning_rate": 0.1, "momentum": 0.9},
+                        {"sharded_update": True}, False),
+    "trainer_sharded_adam": ("adam", {"learning_rate": 0.01}, {"sharded_update": True}, True),
+}
 
 
 def case_trainer(case):
     X, Y = batches()
-    opt = {"learning_rate": 0.1, "momentum": 0.9}
+    name, opt, kw, split = TRAINERS[case]
     net = net_from(R)  # every rank different: broadcast_parameters makes them rank 0's
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
-    kw = {"num_groups": 2} if case == "trainer_groups" else {}
-    trainer = hvd.DistributedTrainer(net.collect_params(), "sgd", opt, **kw)
-    got = gluon_train(net, trainer, X[:, R], Y[:, R])
+    if kw.get("sharded_update"):
+        try:
+            hvd.DistributedTrainer(net.collect_params(), "lamb", {}, sharded_update=True)
+            return "sharded_update took LAMB, whose update reads whole parameters"
+        except ValueError as e:
+            if "element-wise optimizer" not in str(e):
+                return f"LAMB refused with {e}"
+    trainer = hvd.DistributedTrainer(net.collect_params(), name, opt, **kw)
+    got = gluon_train(net, trainer, X[:, R], Y[:, R], split)
     ref = net_from(0)
-    want = gluon_train(ref, mx.gluon.Trainer(ref.collect_params(), "sgd", opt, kvstore=None),
+    want = gluon_train(ref, mx.gluon.Trainer(ref.collect_params(), name, opt, kvstore=None),
                        X.reshape(STEPS, N * B, 6), Y.reshape(STEPS, N * B, 2))
+    if kw.get("sharded_update"):
+        try:
+            trainer.save_states("/nonexistent/states")
+            return "save_states of a sharded update went through"
+        except ValueError as e:
+            if "share" not in str(e):
+                return f"save_states refused with {e}"
     err = max(float(np.abs(a - b).max()) for a, b in zip(got, want))
     sums = hvd.allgather_object(float(sum(np.sum(a, dtype=np.float64) for a in got)))
     if len(set(sums)) != 1:
@@ -286,6 +343,7 @@ def case_deferred(case):
 
 def run_train():
     for name, fn in [("trainer", case_trainer), ("trainer_groups", case_trainer),
+                     ("trainer_sharded", case_trainer), ("trainer_sharded_adam", case_trainer),
                      ("optimizer", case_optimizer), ("deferred", case_deferred)]:
         cases.run(name, fn)
 
