@@ -9,6 +9,9 @@ the division of work of MXNet's parameter server (``kvstore dist_sync``
 updates on its servers), without servers. All of it is pushed onto MXNet's
 engine, so the next forward pass waits for the allgathers on its own.
 
+Parameters of fewer than SHARD_MIN_ELEMENTS elements are allreduced
+together and updated whole, on every rank.
+
 Only optimizers whose update of an element reads that element alone (of the
 weight, the gradient and the state) give the same result on shares: SGD and
 Adam do, LAMB and LARS (norms over whole parameters) do not and are refused.
@@ -16,7 +19,7 @@ Adam do, LAMB and LARS (norms over whole parameters) do not and are refused.
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from kolo.common.basics import Sum
 
@@ -37,6 +40,16 @@ def check_optimizer(optimizer: Any) -> None:
             f"one element of a parameter per update (LAMB and LARS use whole-parameter norms)")
 
 
+# Parameters of fewer elements are allreduced together (one grouped
+# operation per dtype) and updated whole: a reduce-scatter and an allgather of
+# their own would cost more than the 1/N of their update they save.
+SHARD_MIN_ELEMENTS = 1 << 16
+
+
+def _sharded(param: Any) -> bool:
+    return param.list_data()[0].size >= SHARD_MIN_ELEMENTS
+
+
 def _views(param: Any, lo: int, hi: int) -> Tuple[Any, Any]:
     """This rank's share of the parameter's weight and gradient: views that
     write into the arrays themselves."""
@@ -44,16 +57,24 @@ def _views(param: Any, lo: int, hi: int) -> Tuple[Any, Any]:
 
 
 def reducescatter_grads(trainer: Any) -> None:
+    """The large gradients reduce-scattered, the small ones allreduced whole
+    (``trainer._reduce``, in one group per dtype)."""
     pre = 1.0 / trainer._gradient_predivide_factor
+    small: Dict[Any, List[Any]] = {}
     for i, p in enumerate(trainer._params):
         if p.grad_req == "null":
             continue
         grad = p.list_grad()[0]
+        if not _sharded(p):
+            small.setdefault(grad.dtype, []).append(grad)
+            continue
         sent, ctx = trainer._compression.compress(grad)
         shard_reducescatter_(sent, name=f"{trainer._prefix}{i}", priority=-i, op=Sum,
                              prescale_factor=pre, process_set=trainer._process_set)
         if trainer._compression is not Compression.none:
             grad[:] = trainer._compression.decompress(sent, ctx)
+    for k, (dtype, grads) in enumerate(small.items()):
+        trainer._reduce(grads, f"{trainer._prefix}whole.{k}", 0, pre)
 
 
 def update(trainer: Any, ignore_stale_grad: bool) -> None:
@@ -77,6 +98,11 @@ def update(trainer: Any, ignore_stale_grad: bool) -> None:
                 f"iteration. If you are intentionally only using a subset, call step with "
                 f"ignore_stale_grad=True to suppress this warning and skip updating of "
                 f"Parameters with stale gradient")
+        if not _sharded(p):
+            if arr._fresh_grad:
+                upd.append((i, p.list_grad()[0], arr))
+            arr._fresh_grad = False
+            continue
         if i not in trainer._shards:
             trainer._shards[i] = shard_range(arr.size, trainer._process_set)
         lo, hi = trainer._shards[i]
