@@ -286,6 +286,8 @@ int main(int argc, char **argv)
 	if (st == KOLO_ESHUTDOWN) { /* the job finished, or SIGTERM came, before a rank */
 		printf("%s: %s\n", kolo_elastic_leaving() ? "LEFT before a rank" : "elastic_worker",
 		       kolo_init_error());
+		free(c.acc);
+		free(c.x);
 		return 0;
 	}
 	if (st != KOLO_OK) {
