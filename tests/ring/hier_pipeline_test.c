@@ -480,8 +480,10 @@ START_TEST(test_pipe_peer_silent)
 	int failures = world_run(&w, fail_body, &s);
 	ck_assert_msg(failures == 0, "%d failures; first: %s", failures, w.first_failure);
 	ck_assert_int_ne(s.st, KOLO_OK);
-	ck_assert_msg(s.max_ms >= 1000 && s.max_ms < 10000,
-	              "the last survivor failed after %.0f ms", s.max_ms);
+	/* Not at once: after the timeout, counted from the conn's last progress,
+	 * which may come a little before the call (999.6 ms has been seen). */
+	ck_assert_msg(s.max_ms >= 900 && s.max_ms < 10000, "the last survivor failed after %.1f ms",
+	              s.max_ms);
 }
 END_TEST
 
