@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kolo/kolo.h"
@@ -17,7 +18,7 @@
 struct fl_entry {
 	uint64_t seq, cseq, bytes;
 	uint64_t number;             /* with name "": the entry is named "<op>.<number>" */
-	uint64_t t[KOLO_FL_NSTATES]; /* kolo_now_ns() on entering each state; 0: not yet */
+	uint64_t t[KOLO_FL_NSTATES]; /* entry_now() on entering each state; 0: not yet */
 	const char *op;
 	int dtype;
 	kolo_status_t st;
@@ -139,12 +140,24 @@ static struct fl_entry *entry_new(struct kolo_flight *f, const char *op, int dty
 	return e;
 }
 
+/* The entries' clock: the monotonic clock at the kernel's last tick (1-4 ms
+ * behind kolo_now_ns, never ahead), read without the fine clock's cost. The
+ * entries are read in milliseconds ("submitted 3412 ms ago"), and a 2-rank
+ * 8-byte allreduce over shared memory, 0.25 us, paid a fifth of it for the
+ * three fine reads of a blocking call. */
+static uint64_t entry_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 uint64_t kolo_flight_submit(struct kolo_flight *f, const char *name, const char *op, int dtype,
                             uint64_t bytes)
 {
 	if (!f)
 		return 0;
-	uint64_t now = kolo_now_ns();
+	uint64_t now = entry_now();
 	size_t n = strlen(name);
 	pthread_mutex_lock(&f->lock);
 	struct fl_entry *e = entry_new(f, op, dtype, bytes, now);
@@ -162,7 +175,7 @@ uint64_t kolo_flight_submit_running(struct kolo_flight *f, const char *op, uint6
 {
 	if (!f)
 		return 0;
-	uint64_t now = kolo_now_ns();
+	uint64_t now = entry_now();
 	pthread_mutex_lock(&f->lock);
 	struct fl_entry *e = entry_new(f, op, dtype, bytes, now);
 	e->number = number;
@@ -179,7 +192,7 @@ void kolo_flight_mark(struct kolo_flight *f, uint64_t seq, enum kolo_flight_stat
 {
 	if (!f || !seq)
 		return;
-	uint64_t now = kolo_now_ns();
+	uint64_t now = entry_now();
 	pthread_mutex_lock(&f->lock);
 	struct fl_entry *e = &f->e[seq % KOLO_FLIGHT_ENTRIES];
 	if (e->seq == seq && e->state < KOLO_FL_DONE) {
