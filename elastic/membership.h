@@ -83,6 +83,9 @@ kolo_status_t kolo_elastic_signal_install(void);
 /* Async-signal-safe: what the handler does. */
 void kolo_elastic_request_leave(void);
 bool kolo_elastic_leave_requested(void);
+/* kolo_elastic_leave_requested() as a rendezvous cancel hook
+ * (kolo_rdzv_set_cancel): a leave ends the client's waits. */
+bool kolo_elastic_leave_cancels(void *arg);
 /* Clears the request once the worker left (tests that reuse a process). */
 void kolo_elastic_leave_clear(void);
 

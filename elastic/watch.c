@@ -110,6 +110,12 @@ bool kolo_elastic_leave_requested(void)
 	return atomic_load(&leave_flag) != 0;
 }
 
+bool kolo_elastic_leave_cancels(void *arg)
+{
+	(void)arg;
+	return kolo_elastic_leave_requested();
+}
+
 void kolo_elastic_leave_clear(void)
 {
 	atomic_store(&leave_flag, 0);

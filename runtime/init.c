@@ -357,12 +357,6 @@ kolo_status_t kolo_runtime_init_fail(struct kolo_comm *comm, kolo_status_t st)
 	return st;
 }
 
-static bool leave_wanted(void *arg)
-{
-	(void)arg;
-	return kolo_elastic_leave_requested();
-}
-
 /* An elastic worker may be reclaimed while it waits for its first round,
  * which can take until the others reach a commit point or replacements
  * come: SIGTERM (or kolo_elastic_leave) ends the join and the wait within
@@ -373,11 +367,12 @@ static void elastic_wait_cancellable(struct kolo_comm *comm)
 	if (kolo_elastic_signal_install() != KOLO_OK)
 		KOLO_WARN(SUBSYS, "cannot install the SIGTERM handler; a reclaim will look like a "
 		                  "failure");
-	kolo_rdzv_set_cancel(comm->rdzv, leave_wanted, NULL);
+	kolo_rdzv_set_cancel(comm->rdzv, kolo_elastic_leave_cancels, NULL);
 }
 
-/* true when a join or a wait failed because this worker was asked to leave;
- * comm->err then says so, and the leave can go through (the hook cleared). */
+/* Clears the cancel hook; true when the join or the wait (status st) ended
+ * because this worker was asked to leave: comm->err then says so, and the
+ * leave that kolo_runtime_init_fail sends goes through. */
 static bool left_before_rank(struct kolo_comm *comm, bool elastic, kolo_status_t st)
 {
 	kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
@@ -436,13 +431,12 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	bool elastic = kolo_param_bool(KOLO_P_ELASTIC);
 	if (elastic)
 		elastic_wait_cancellable(comm);
-	if ((st = kolo_rdzv_join(comm->rdzv)) != KOLO_OK)
-		return left_before_rank(comm, elastic, st)
-		               ? kolo_runtime_init_fail(comm, KOLO_ESHUTDOWN)
-		               : kolo_runtime_init_fail(
-		                         comm, kolo_comm_fail(comm, st, "joining job %s at %s: %s",
-		                                              cc.job, url,
-		                                              kolo_rdzv_client_error(comm->rdzv)));
+	if ((st = kolo_rdzv_join(comm->rdzv)) != KOLO_OK) {
+		if (!left_before_rank(comm, elastic, st))
+			kolo_comm_fail(comm, st, "joining job %s at %s: %s", cc.job, url,
+			               kolo_rdzv_client_error(comm->rdzv));
+		return kolo_runtime_init_fail(comm, st);
+	}
 	kolo_runtime_report_worker(comm);
 	/* Heartbeat while waiting too: a long wait must not cost the lease. */
 	if ((st = kolo_rdzv_heartbeat_start(comm->rdzv,
@@ -451,9 +445,8 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 		        comm, kolo_comm_fail(comm, st, "%s", kolo_rdzv_client_error(comm->rdzv)));
 	int timeout = (int)KOLO_MIN(kolo_param_int(KOLO_P_INIT_TIMEOUT_MS), INT32_MAX);
 	st = kolo_rdzv_wait_assignment(comm->rdzv, 0, timeout, &comm->assignment);
-	if (st != KOLO_OK && left_before_rank(comm, elastic, st))
-		return kolo_runtime_init_fail(comm, KOLO_ESHUTDOWN);
-	kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
+	if (left_before_rank(comm, elastic, st))
+		return kolo_runtime_init_fail(comm, st);
 	if (st != KOLO_OK) {
 		if (st == KOLO_ESHUTDOWN)
 			kolo_comm_fail(comm, st, "job %s ended before this worker got a rank: %s",

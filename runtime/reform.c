@@ -349,12 +349,6 @@ void kolo_runtime_elastic_leave_job(struct kolo_comm *comm, const char *why)
 	data_plane_teardown(comm);
 }
 
-static bool leave_wanted(void *arg)
-{
-	(void)arg;
-	return kolo_elastic_leave_requested();
-}
-
 KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm)
 {
 	if (!comm)
@@ -369,7 +363,7 @@ KOLO_API kolo_status_t kolo_reform(kolo_comm_t *comm)
 	/* A spot reclaim while we wait for a round (which may take until
 	 * replacements come) must not wait with us: the rendezvous waits end
 	 * within a second of SIGTERM, and the worker leaves. */
-	kolo_rdzv_set_cancel(comm->rdzv, leave_wanted, NULL);
+	kolo_rdzv_set_cancel(comm->rdzv, kolo_elastic_leave_cancels, NULL);
 	kolo_status_t st = reform(comm);
 	kolo_rdzv_set_cancel(comm->rdzv, NULL, NULL);
 	if (st == KOLO_ESHUTDOWN && !kolo_elastic_leave_requested()) {
