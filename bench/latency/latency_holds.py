@@ -9,12 +9,15 @@ neighbour starts beside each job, as data loaders and logging do in training:
 
   none    nothing
   python  a Python interpreter that starts and exits (python3 -c pass)
-  busy    a busy loop for the first 100 ms of the job
+  busy    a busy loop for 100 ms from the start of the job's sweep
 
 For each case and size it prints the RUNS medians of both sides and the worst
 ratio, max over runs of kolo/mpi: <= 1.0 means kolo was at or below Open MPI in
-every run. --guard runs only the 2-rank 8-byte shared-memory case without Open MPI
-and prints the spread between its fastest and slowest median.
+every run. Each neighbour starts when its job says that every rank is up
+(--ready-fifo of both benchmarks), so that it meets the same part of both
+sides' sweeps whichever launcher is faster. --guard runs only the 2-rank
+8-byte shared-memory case without Open MPI and prints the spread between its
+fastest and slowest median.
 
   bench/latency/latency_holds.py [--runs 10] [--ranks 2,4] [--load N] [--guard]
 """
@@ -23,9 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,22 +52,46 @@ def neighbour(kind: str) -> subprocess.Popen | None:
 JOB_TIMEOUT_S = 300
 
 
+def wait_ready(fd: int, p: subprocess.Popen, deadline: float) -> bool:
+    """Waits until the job writes its byte to the FIFO (every rank is up and
+    the sweep is about to start); False if it exits or times out first."""
+    while time.monotonic() < deadline and p.poll() is None:
+        if select.select([fd], [], [], 0.05)[0]:
+            try:
+                if os.read(fd, 1):
+                    return True
+            except BlockingIOError:
+                pass
+    return False
+
+
 def job(cmd: list[str], env: dict[str, str], kind: str) -> dict[int, float]:
-    """Runs one job with its neighbour; returns median_us per size (inf for
-    every size of a job that ran past JOB_TIMEOUT_S, which is killed)."""
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)
-    nb = neighbour(kind)
-    try:
-        out, err = p.communicate(timeout=JOB_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        p.communicate()
-        print(f"# timed out after {JOB_TIMEOUT_S} s: {' '.join(cmd[:8])} ...", flush=True)
-        return {s: float("inf") for s in SIZES}
-    finally:
-        if nb:
-            nb.wait()
+    """Runs one job; returns median_us per size (inf for every size of a job
+    that ran past JOB_TIMEOUT_S, which is killed). The neighbour starts when
+    the job says, through --ready-fifo, that every rank is up: kolorun starts a
+    job faster than mpirun does, and a neighbour started with the launcher
+    would overlap more of the faster one's sweep."""
+    with tempfile.TemporaryDirectory(prefix="kolo-lat-") as tmp:
+        fifo = os.path.join(tmp, "ready")
+        os.mkfifo(fifo)
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            p = subprocess.Popen([*cmd, "--ready-fifo", fifo], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            nb = neighbour(kind) if wait_ready(fd, p, deadline) else None
+        finally:
+            os.close(fd)
+        try:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            p.communicate()
+            print(f"# timed out after {JOB_TIMEOUT_S} s: {' '.join(cmd[:8])} ...", flush=True)
+            return {s: float("inf") for s in SIZES}
+        finally:
+            if nb:
+                nb.wait()
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {p.returncode}:\n{err[-2000:]}")
     rows = {}

@@ -16,6 +16,9 @@
 #define _GNU_SOURCE /* getopt_long, clock_gettime under -std=c11 */
 #include <mpi.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "peer_bench.h"
 
 struct mpi_bench {
@@ -69,6 +72,19 @@ static void bench_size(struct mpi_bench *b, uint64_t req_bytes, int *any_wrong)
 	}
 }
 
+/* --ready-fifo: after a barrier (every rank is up), rank 0 writes one byte to
+ * the FIFO (as kolo-bench does; bench/latency/latency_holds.py). */
+static void signal_ready(const struct mpi_bench *b)
+{
+	MPI_Barrier(MPI_COMM_WORLD);
+	int fd = b->rank == 0 ? open(b->o.ready_fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC) : -2;
+	if (fd == -1 || (fd >= 0 && (write(fd, "r", 1) != 1 || close(fd) != 0))) {
+		fprintf(stderr, "mpi_bench: --ready-fifo %s: %s\n", b->o.ready_fifo,
+		        strerror(errno));
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	struct mpi_bench b;
@@ -94,6 +110,8 @@ int main(int argc, char **argv)
 	}
 	if (b.rank == 0 && !b.o.json)
 		peer_print_header(&b.o, "mpi_bench MPI_Allreduce", b.size, b.o.inplace);
+	if (b.o.ready_fifo)
+		signal_ready(&b);
 	int any_wrong = 0;
 	for (uint64_t bytes = b.o.min_bytes; bytes != 0; bytes = peer_next_size(&b.o, bytes))
 		bench_size(&b, bytes, &any_wrong);

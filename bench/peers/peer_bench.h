@@ -31,6 +31,8 @@ struct peer_opts {
 	/* gloo_bench only */
 	int np;           /* ranks to fork (0: from GLOO_SIZE, or 2) */
 	const char *algo; /* "ring_chunked" or "default" */
+	/* mpi_bench only: rank 0 writes a byte there once every rank is up */
+	const char *ready_fifo;
 };
 
 /* One measured size, already reduced over the ranks. */
@@ -108,6 +110,10 @@ static inline void peer_usage(FILE *f, const char *name, bool gloo)
 	        "      --json            one JSON object per size instead of the table\n"
 	        "      --cpu             add CPU time columns to the table (always in JSON)\n",
 	        name, gloo ? " (ring_chunked is always in place)" : "");
+	if (!gloo)
+		fprintf(f, "      --ready-fifo PATH once every rank is up, rank 0 writes one byte "
+		           "to the\n"
+		           "                        FIFO PATH (opened by a reader first)\n");
 	if (gloo)
 		fprintf(f,
 		        "      -np N             fork N ranks on 127.0.0.1 (default 2); with\n"
@@ -119,7 +125,14 @@ static inline void peer_usage(FILE *f, const char *name, bool gloo)
 	fprintf(f, "Measured as kolo-bench measures (tools/kolo-bench/bench_coll.c).\n");
 }
 
-enum { PEER_OPT_JSON = 256, PEER_OPT_INPLACE, PEER_OPT_CPU, PEER_OPT_NP, PEER_OPT_ALGO };
+enum {
+	PEER_OPT_JSON = 256,
+	PEER_OPT_INPLACE,
+	PEER_OPT_CPU,
+	PEER_OPT_NP,
+	PEER_OPT_ALGO,
+	PEER_OPT_READY
+};
 
 /* Parses argv into o. Returns 0, 1 for --help (printed), 2 for a bad
  * command line (reported). "-np N" is accepted as "--np N". */
@@ -140,6 +153,7 @@ static inline int peer_parse_opts(int argc, char **argv, struct peer_opts *o, bo
 	        {"cpu", no_argument, NULL, PEER_OPT_CPU},
 	        {"np", required_argument, NULL, PEER_OPT_NP},
 	        {"algo", required_argument, NULL, PEER_OPT_ALGO},
+	        {"ready-fifo", required_argument, NULL, PEER_OPT_READY},
 	        {"help", no_argument, NULL, 'h'},
 	        {NULL, 0, NULL, 0},
 	};
@@ -210,6 +224,11 @@ static inline int peer_parse_opts(int argc, char **argv, struct peer_opts *o, bo
 			    (strcmp(optarg, "ring_chunked") != 0 && strcmp(optarg, "default") != 0))
 				goto bad;
 			o->algo = optarg;
+			break;
+		case PEER_OPT_READY:
+			if (gloo)
+				goto bad;
+			o->ready_fifo = optarg;
 			break;
 		case 'h':
 			peer_usage(stdout, argv[0], gloo);

@@ -22,6 +22,7 @@
  * checked as the host path checks them. The timed loop is the collective
  * alone: a blocking collective returns with its result on the device. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -32,6 +33,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "kolo/kolo.h"
@@ -57,6 +59,7 @@ struct opts {
 	bool check, json, inplace, cpu;
 	bool device; /* --device cuda */
 	int sets;    /* --sets K: K disjoint process sets of contiguous ranks, run at once */
+	const char *ready_fifo; /* --ready-fifo PATH: rank 0 writes a byte there when all are up */
 };
 
 /* One size of the sweep: element counts of this rank's buffers. */
@@ -104,9 +107,31 @@ static void usage(FILE *f, const char *name)
 	        "                        that run the benchmark at the same time\n"
 	        "      --device KIND     cpu (default): host buffers; cuda: CUDA device buffers\n"
 	        "                        (GPU local rank mod GPUs), checked through host copies\n"
+	        "      --ready-fifo PATH once every rank is up, rank 0 writes one byte to the\n"
+	        "                        FIFO PATH (opened by a reader first), then the sweep "
+	        "starts\n"
 	        "Sizes are the total buffer, as in nccl-tests: the gathered output of\n"
 	        "allgather, the input of reducescatter, one rank's send buffer of alltoall.\n",
 	        name);
+}
+
+/* --ready-fifo: after a barrier (every rank is up), rank 0 writes one byte to
+ * the FIFO, so that a script can start something beside the sweep at the
+ * same point of every job (bench/latency/latency_holds.py). */
+static int signal_ready(struct bench *b)
+{
+	kolo_status_t st = kolo_barrier(b->world);
+	if (st != KOLO_OK) {
+		fprintf(stderr, "kolo-bench: barrier: %s\n", kolo_status_name(st));
+		return -1;
+	}
+	int fd = b->rank == 0 ? open(b->o.ready_fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC) : -2;
+	if (fd == -1 || (fd >= 0 && (write(fd, "r", 1) != 1 || close(fd) != 0))) {
+		fprintf(stderr, "kolo-bench: --ready-fifo %s: %s\n", b->o.ready_fifo,
+		        strerror(errno));
+		return -1;
+	}
+	return 0;
 }
 
 int kolo_bench_parse_size(const char *s, uint64_t *out)
@@ -155,7 +180,7 @@ static int parse_int(const char *s, int lo, int *out)
 	return 0;
 }
 
-enum { OPT_JSON = 256, OPT_INPLACE, OPT_CPU, OPT_DEVICE, OPT_SETS };
+enum { OPT_JSON = 256, OPT_INPLACE, OPT_CPU, OPT_DEVICE, OPT_SETS, OPT_READY };
 
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
@@ -175,6 +200,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 	        {"cpu", no_argument, NULL, OPT_CPU},
 	        {"device", required_argument, NULL, OPT_DEVICE},
 	        {"sets", required_argument, NULL, OPT_SETS},
+	        {"ready-fifo", required_argument, NULL, OPT_READY},
 	        {"help", no_argument, NULL, 'h'},
 	        {NULL, 0, NULL, 0},
 	};
@@ -244,6 +270,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_CPU:
 			o->cpu = true;
+			break;
+		case OPT_READY:
+			o->ready_fifo = optarg;
 			break;
 		case OPT_DEVICE:
 			if (strcmp(optarg, "cuda") == 0)
@@ -906,6 +935,8 @@ int kolo_bench_coll(int argc, char **argv)
 	}
 	if (b.rank == 0 && !b.o.json)
 		print_header(&b);
+	if (b.o.ready_fifo && signal_ready(&b) != 0)
+		goto out;
 
 	int any_wrong = 0;
 	uint64_t bytes = b.o.min_bytes;
