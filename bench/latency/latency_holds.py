@@ -20,6 +20,7 @@ sides' sweeps whichever launcher is faster. --guard runs only the 2-rank
 fastest and slowest median.
 
   bench/latency/latency_holds.py [--runs 10] [--ranks 2,4] [--load N] [--guard]
+                                  [--stat median|mean]
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def neighbour(kind: str) -> subprocess.Popen | None:
 
 
 JOB_TIMEOUT_S = 300
+STAT_KEY = "median_us"  # --stat mean: "time_us", the mean iteration
 
 
 def wait_ready(fd: int, p: subprocess.Popen, deadline: float) -> bool:
@@ -66,7 +68,7 @@ def wait_ready(fd: int, p: subprocess.Popen, deadline: float) -> bool:
 
 
 def job(cmd: list[str], env: dict[str, str], kind: str) -> dict[int, float]:
-    """Runs one job; returns median_us per size (inf for every size of a job
+    """Runs one job; returns the statistic (median, or mean) in us per size (inf for every size of a job
     that ran past JOB_TIMEOUT_S, which is killed). The neighbour starts when
     the job says, through --ready-fifo, that every rank is up: kolorun starts a
     job faster than mpirun does, and a neighbour started with the launcher
@@ -99,7 +101,7 @@ def job(cmd: list[str], env: dict[str, str], kind: str) -> dict[int, float]:
         line = line[line.find("{"):] if "{" in line else ""
         if line:  # kolorun prefixes a rank's lines with "[rank] "
             r = json.loads(line)
-            rows[int(r["bytes"])] = float(r["median_us"])
+            rows[int(r["bytes"])] = float(r[STAT_KEY])
     return rows
 
 
@@ -128,7 +130,7 @@ def guard(args: argparse.Namespace) -> int:
         for _ in range(args.runs):
             meds.append(job(kolo, env, kind)[8])
     fast, slow = min(meds), max(meds)
-    print("guard: 2 ranks, 8 B, shared memory, medians (us):",
+    print(f"guard: 2 ranks, 8 B, shared memory, {STAT_KEY[:-3]}s (us):",
           " ".join(f"{m:.2f}" for m in meds))
     print(f"guard: fastest {fast:.2f} us, slowest {slow:.2f} us, spread {slow / fast:.2f}x")
     return 0
@@ -147,9 +149,13 @@ def main() -> int:
     ap.add_argument("--guard", action="store_true")
     ap.add_argument("--no-tcp", action="store_true", help="skip the TCP case")
     ap.add_argument("--job-timeout", type=int, default=300, help="seconds per job")
+    ap.add_argument("--stat", choices=["median", "mean"], default="median",
+                    help="per run and size: the median iteration (default) or the mean; "
+                         "each the slowest rank's")
     args = ap.parse_args()
-    global JOB_TIMEOUT_S
+    global JOB_TIMEOUT_S, STAT_KEY
     JOB_TIMEOUT_S = args.job_timeout
+    STAT_KEY = "median_us" if args.stat == "median" else "time_us"
     load = start_load(args.load)
     try:
         if args.guard:
@@ -167,7 +173,7 @@ def compare(args: argparse.Namespace) -> int:
         cases.append((2, True, [8]))
     worst_all = 0.0
     print(f"# {args.runs} runs per case, load {os.getloadavg()[0]:.2f} at start,"
-          f" {args.load} busy loops beside; medians in us")
+          f" {args.load} busy loops beside; {args.stat}s in us")
     for n, tcp, sizes in cases:
         kolo, mpi, env = commands(args, n, tcp, sizes)
         for kind in args.neighbours.split(","):
