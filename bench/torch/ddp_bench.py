@@ -14,6 +14,8 @@ times (kolo, gloo, kolo, gloo, ...), so both see the same machine load:
   parameters with a batch of 8;
 * ``ddp compute``: the same for a compute-bound model, a small CNN on 32x32
   images, batch 64;
+* ``ddp view``: ``ddp comm`` with ``gradient_as_bucket_view=True``: the
+  gradients live in DDP's buckets, so DDP copies nothing into or out of them;
 * ``fsdp2 comm``: FSDP2 (``fully_shard`` per Linear layer and at the root, on
   a DeviceMesh of the group) training the MLP: parameters all-gathered in
   forward and backward, gradients reduce-scattered;
@@ -96,7 +98,8 @@ def bench_ddp(group, make, batch, steps, kind="ddp"):
     if kind == "fsdp2":
         ddp = fsdp2(model, group)
     else:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            model, process_group=group, gradient_as_bucket_view=kind == "view")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(dist.get_rank())
     x = torch.randn(*batch, generator=g)
@@ -134,14 +137,16 @@ def main():
     n, rank = dist.get_world_size(), dist.get_rank()
     groups = {"kolo": None, "gloo": dist.new_group(backend="gloo")}
     nbytes = args.mib << 20
-    res = {b: {"allreduce_s": [], "comm_s": [], "compute_s": [], "fsdp2_s": [], "limit_s": []}
-           for b in groups}
+    res = {b: {"allreduce_s": [], "comm_s": [], "view_s": [], "compute_s": [], "fsdp2_s": [],
+               "limit_s": []} for b in groups}
     params = {}
     for r in range(args.rounds):
         for b, g in groups.items():
             res[b]["allreduce_s"].append(slowest(bench_allreduce(g, args.iters, nbytes)))
             t, params["comm"] = bench_ddp(g, comm_model, (8, 1024), args.steps)
             res[b]["comm_s"].append(slowest(t))
+            t, _ = bench_ddp(g, comm_model, (8, 1024), args.steps, "view")
+            res[b]["view_s"].append(slowest(t))
             t, params["compute"] = bench_ddp(g, SmallCNN, (64, 3, 32, 32), args.steps)
             res[b]["compute_s"].append(slowest(t))
             t, _ = bench_ddp(g, comm_model, (8, 1024), args.steps, "fsdp2")
@@ -152,7 +157,8 @@ def main():
         if rank == 0:
             print(f"round {r + 1}/{args.rounds}: " + "; ".join(
                 f"{b} allreduce {v['allreduce_s'][-1] * 1e3:.0f} ms, comm step "
-                f"{v['comm_s'][-1] * 1e3:.0f} ms, compute step {v['compute_s'][-1] * 1e3:.1f} ms, "
+                f"{v['comm_s'][-1] * 1e3:.0f} ms, bucket view {v['view_s'][-1] * 1e3:.0f} ms, "
+                f"compute step {v['compute_s'][-1] * 1e3:.1f} ms, "
                 f"fsdp2 step {v['fsdp2_s'][-1] * 1e3:.0f} ms, limit {v['limit_s'][-1] * 1e3:.0f} ms"
                 for b, v in res.items()), flush=True)
     if rank == 0:
@@ -167,6 +173,7 @@ def main():
         print(f"{'allreduce busbw (GB/s)':42s} {busbw['kolo']:10.2f} {busbw['gloo']:10.2f} "
               f"{busbw['kolo'] / busbw['gloo']:10.2f}")
         for k, label in (("comm", f"DDP step, MLP {params['comm'] / 1e6:.1f}M params, batch 8"),
+                         ("view", "the same, gradient_as_bucket_view=True"),
                          ("compute", f"DDP step, CNN {params['compute'] / 1e3:.0f}k params, b 64"),
                          ("fsdp2", "FSDP2 step, the MLP, batch 8"),
                          ("limit", "limit: MLP no_sync step + allreduce")):
