@@ -431,7 +431,11 @@ KOLO_API kolo_status_t kolo_init(kolo_comm_t **out)
 	bool elastic = kolo_param_bool(KOLO_P_ELASTIC);
 	if (elastic)
 		elastic_wait_cancellable(comm);
-	if ((st = kolo_rdzv_join(comm->rdzv)) != KOLO_OK) {
+	/* Asked to leave before kolo_init (a program's own SIGTERM handler
+	 * calling kolo_elastic_leave): the job never hears of this worker. */
+	st = elastic && kolo_elastic_leave_requested() ? KOLO_ESHUTDOWN
+	                                               : kolo_rdzv_join(comm->rdzv);
+	if (st != KOLO_OK) {
 		if (!left_before_rank(comm, elastic, st))
 			kolo_comm_fail(comm, st, "joining job %s at %s: %s", cc.job, url,
 			               kolo_rdzv_client_error(comm->rdzv));

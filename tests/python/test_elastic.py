@@ -510,6 +510,52 @@ def _waiting(url, token, job):
         return []
 
 
+def _job_exists(url, token, job):
+    import urllib.error
+    import urllib.request
+    with open(token) as f:
+        auth = "Bearer " + f.read().strip()
+    req = urllib.request.Request(f"{url}/v1/jobs/{job}", headers={"Authorization": auth})
+    try:
+        with urllib.request.urlopen(req, timeout=5):
+            return True
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return False
+        raise
+
+
+def test_sigterm_before_init(server):
+    """A program whose own SIGTERM handler calls kolo.elastic_leave() and is
+    signalled before kolo.init() (docs/elastic.md, "Graceful leave"): init
+    exits 0 without joining, so the server never hears of the worker."""
+    url, token = server
+    env = worker_env({"KOLO_RENDEZVOUS": url, "KOLO_TOKEN_FILE": token, "KOLO_JOB": "preinit",
+                      "KOLO_ELASTIC": "1"})
+    code = ("import signal, sys, kolo\n"
+            "signal.signal(signal.SIGTERM, lambda *_: kolo.elastic_leave())\n"
+            "print('READY', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "kolo.init()\n"
+            "print('INIT RETURNED')\n")
+    p = subprocess.Popen([PYTHON, "-c", code], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "READY"
+        p.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        out, err = p.communicate(input="go\n", timeout=30)
+        ms = (time.monotonic() - t0) * 1000
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 0, err
+    assert ms < 3000, f"leaving took {ms:.0f} ms"
+    assert "INIT RETURNED" not in out
+    assert "left job preinit before it got a rank" in err, err
+    assert not _job_exists(url, token, "preinit"), "the worker joined the job"
+
+
 def test_sigterm_before_a_rank(server):
     """A worker SIGTERMed while kolo.init() waits for its first round (one
     worker of a job of min-np 2) leaves the server's waiting list and exits
