@@ -287,7 +287,7 @@ def test_deadline_before_the_commit_point(emulator):
     parameters are those of a single-process float64 run."""
     deadline_s, margin_ms = 3, 1000
     job = Job(["--steps", STEPS, "--step-ms", STEP_MS, "--provider", "aws",
-               "--emulator", emulator, "--stall-on-notice"],
+               "--emulator", emulator, "--stall-on-notice", "--await-notice", f"1:{NOTICE_AT}"],
               env={"KOLO_PREEMPTION_MARGIN_MS": str(margin_ms)})
     try:
         starts = {}

@@ -5,7 +5,7 @@ with bitwise-equal parameters.
 
     spot_worker.py --steps N [--step-ms MS] [--provider aws|gce|azure|k8s
                    --emulator URL] [--leave-rank R --leave-step L]
-                   [--stall-on-notice]
+                   [--stall-on-notice [--await-notice RANK:STEP]]
 
 --provider: before kolo.init(), this worker asks the emulator
 (tests/spot/metadata_emulator.py) for a machine of its own and points the
@@ -18,6 +18,11 @@ notice).
 --stall-on-notice: a worker whose notice has a deadline stalls in its next
 step (before its allreduce) for longer than the machine has: a step too long
 for the notice, so that the deadline, not a commit point, ends it.
+--await-notice RANK:STEP: the process that committed STEP as that rank waits,
+in the step after STEP, for its notice (up to 60 s) before that check, so that
+no commit point can come between the notice and the stall (the test raises
+the notice once it sees step STEP). Survivors and spares, which redo that step
+after the leave, did not commit STEP as RANK and do not wait.
 
 Reports (conftest's KOLO-RESULT lines):
   {"ev": "start", "pid", "rank", "size", "instance"}     after init
@@ -95,6 +100,7 @@ def main():
     ap.add_argument("--leave-rank", type=int, default=-1)
     ap.add_argument("--leave-step", type=int, default=-1)
     ap.add_argument("--stall-on-notice", action="store_true")
+    ap.add_argument("--await-notice", default="", help="RANK:STEP")
     args = ap.parse_args()
 
     instance = configure(args.provider, args.emulator) if args.provider else None
@@ -116,6 +122,8 @@ def main():
                                                     "rank": kolo.rank(), "size": kolo.size(),
                                                     "step": state.step})])
 
+    committed_as = {}  # step -> this process's rank when it committed it
+
     @elastic.run
     def train(state):
         while state.step < args.steps:
@@ -129,6 +137,10 @@ def main():
             g[DIM] = err.sum()
             if args.step_ms:
                 time.sleep(args.step_ms / 1000)  # the step's compute
+            if args.await_notice and args.await_notice == f"{committed_as.get(s - 1)}:{s - 1}":
+                until = time.monotonic() + 60
+                while kolo.elastic_preemption_deadline_ms() < 0 and time.monotonic() < until:
+                    time.sleep(0.005)  # the watcher's thread sets it; nothing to wait on
             left = kolo.elastic_preemption_deadline_ms()
             if args.stall_on_notice and left >= 0:
                 report({"ev": "stall", "pid": os.getpid(), "step": s, "deadline_ms": left})
@@ -140,6 +152,7 @@ def main():
             if kolo.rank() == args.leave_rank and s == args.leave_step:
                 kolo.elastic_leave()
             state.commit()
+            committed_as[s] = kolo.rank()
             report({"ev": "step", "pid": os.getpid(), "rank": kolo.rank(),
                     "size": kolo.size(), "step": s, "t0": t0, "t1": time.monotonic()})
 
