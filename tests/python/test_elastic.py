@@ -496,8 +496,9 @@ def test_worker_joins_mid_run(server):
                 assert _resets(job, e["pid"]) == [(4, 6)]
 
 
-def _waiting(url, token, job):
-    """The worker ids the server holds waiting for a round of job."""
+def _job(url, token, job):
+    """The server's state of job (GET /v1/jobs/{job}), or None when it does
+    not exist."""
     import urllib.error
     import urllib.request
     with open(token) as f:
@@ -505,24 +506,16 @@ def _waiting(url, token, job):
     req = urllib.request.Request(f"{url}/v1/jobs/{job}", headers={"Authorization": auth})
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
-            return [w["worker_id"] for w in json.loads(r.read()).get("waiting", [])]
-    except urllib.error.HTTPError:  # the job does not exist yet
-        return []
-
-
-def _job_exists(url, token, job):
-    import urllib.error
-    import urllib.request
-    with open(token) as f:
-        auth = "Bearer " + f.read().strip()
-    req = urllib.request.Request(f"{url}/v1/jobs/{job}", headers={"Authorization": auth})
-    try:
-        with urllib.request.urlopen(req, timeout=5):
-            return True
+            return json.loads(r.read())
     except urllib.error.HTTPError as e:
         if e.code == 404:
-            return False
+            return None
         raise
+
+
+def _waiting(url, token, job):
+    """The worker ids the server holds waiting for a round of job."""
+    return [w["worker_id"] for w in (_job(url, token, job) or {}).get("waiting", [])]
 
 
 def test_sigterm_before_init(server):
@@ -553,7 +546,7 @@ def test_sigterm_before_init(server):
     assert ms < 3000, f"leaving took {ms:.0f} ms"
     assert "INIT RETURNED" not in out
     assert "left job preinit before it got a rank" in err, err
-    assert not _job_exists(url, token, "preinit"), "the worker joined the job"
+    assert _job(url, token, "preinit") is None, "the worker joined the job"
 
 
 def test_sigterm_before_a_rank(server):
